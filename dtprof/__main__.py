@@ -1,0 +1,3 @@
+from dtprof.cli import main
+
+raise SystemExit(main())

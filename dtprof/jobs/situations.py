@@ -1,0 +1,240 @@
+"""The situations a job can play: healthy and sick DDP, FSDP2, pipelines, test faults."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import time
+from collections.abc import Callable
+from typing import cast
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import dtprof
+from dtprof.jobs import models
+
+
+def _ddp(args: argparse.Namespace, **kwargs: object) -> tuple[nn.Module, torch.optim.Optimizer]:
+    model = DDP(models.mlp(args.width, args.depth), **kwargs)  # type: ignore[arg-type]
+    return model, torch.optim.SGD(model.parameters(), lr=0.05)
+
+
+def healthy_ddp(args: argparse.Namespace) -> None:
+    """Four equal DDP replicas."""
+    from dtprof.jobs.worker import train_loop
+
+    model, opt = _ddp(args)
+    train_loop(args, model, opt)
+
+
+def straggler_ddp(args: argparse.Namespace) -> None:
+    """One rank's compute is ``--slow-fraction`` slower (busy extra compute in its forward)."""
+    from dtprof.jobs.worker import train_loop
+
+    model, opt = _ddp(args)
+    slowdown = None
+    if dist.get_rank() == args.slow_rank:
+        slowdown = models.SlowDown(args.slow_fraction)
+        cast(nn.Module, model.module).register_forward_hook(slowdown)
+    train_loop(args, model, opt, slowdown=slowdown)
+
+
+def data_stall(args: argparse.Namespace) -> None:
+    """Every ``--stall-every`` steps one rank waits ``--stall-ms`` for its batch."""
+    from dtprof.jobs.worker import train_loop
+
+    model, opt = _ddp(args)
+
+    def in_data(step: int) -> None:
+        if dist.get_rank() == args.slow_rank and step % args.stall_every == args.stall_every - 1:
+            time.sleep(args.stall_ms / 1000)
+
+    train_loop(args, model, opt, in_data=in_data)
+
+
+def divergence(args: argparse.Namespace) -> None:
+    """One replica's weights perturbed at one step; a non-finite loss on another rank later."""
+    from dtprof.jobs.worker import train_loop
+
+    model, opt = _ddp(args)
+    rank = dist.get_rank()
+
+    def before_forward(step: int, x: torch.Tensor) -> torch.Tensor:
+        if step == args.perturb_step and rank == args.perturb_rank:
+            with torch.no_grad():
+                first = next(cast(nn.Module, model.module).parameters())
+                first.add_(torch.randn_like(first) * 1e-3)
+        if step == args.nan_step and rank == args.nan_rank:
+            x = x.clone()
+            x[0, 0] = float("inf")
+        return x
+
+    train_loop(args, model, opt, before_forward=before_forward)
+
+
+def poor_overlap(args: argparse.Namespace) -> None:
+    """No DDP: every gradient all-reduced one by one after backward, nothing overlaps."""
+    from dtprof.jobs.worker import train_loop
+
+    model = models.mlp(args.width, args.depth)
+    for p in model.parameters():
+        dist.broadcast(p.data, 0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    world = dist.get_world_size()
+
+    def after_backward(step: int) -> None:
+        for p in model.parameters():
+            if p.grad is not None:
+                dist.all_reduce(p.grad)
+                p.grad.div_(world)
+
+    train_loop(args, model, opt, after_backward=after_backward)
+
+
+def fsdp2(args: argparse.Namespace) -> None:
+    """FSDP2 (fully_shard) on every linear layer and the root."""
+    from torch.distributed.fsdp import fully_shard
+
+    from dtprof.jobs.worker import train_loop
+
+    model = models.mlp(args.width, args.depth)
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer)
+    fully_shard(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    train_loop(args, model, opt)
+
+
+def pipeline(args: argparse.Namespace) -> None:
+    """One pipeline stage per rank, run by ``--schedule`` with ``--microbatches``."""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    schedules = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(rank)
+    width = args.width
+    block = nn.Sequential(*[m for _ in range(2) for m in (nn.Linear(width, width), nn.ReLU())])
+    if rank == world - 1:
+        block.append(nn.Linear(width, 16))
+    stage = PipelineStage(block, rank, world, torch.device("cpu"))
+    loss_fn = nn.CrossEntropyLoss()
+    schedule = schedules[args.schedule](stage, args.microbatches, loss_fn=loss_fn)
+    opt = torch.optim.SGD(block.parameters(), lr=0.01)
+    data = models.Batches(0, args.batch, width)
+    with dtprof.profile(args.trace, model=None, optimizer=opt, pipeline=schedule) as prof:
+        for step in range(args.steps):
+            x, y = data.get(step)
+            opt.zero_grad(set_to_none=True)
+            losses: list[torch.Tensor] = []
+            if rank == 0:
+                schedule.step(x)
+            elif rank == world - 1:
+                schedule.step(target=y, losses=losses)
+            else:
+                schedule.step()
+            opt.step()
+            if losses:
+                prof.log(loss=torch.stack(losses).mean())
+            prof.step()
+
+
+def all_ops(args: argparse.Namespace) -> None:
+    """Every collective and p2p call of the API, on the world and on a subgroup."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    pair = dist.new_group([0, 1])
+    with dtprof.profile(args.trace) as prof:
+        for _ in range(2):
+            t = torch.ones(8) * rank
+            dist.all_reduce(t)
+            dist.all_reduce(t, async_op=True).wait()
+            dist.all_gather([torch.empty(8) for _ in range(world)], t)
+            dist.all_gather_into_tensor(torch.empty(8 * world), t)
+            dist.reduce_scatter_tensor(torch.empty(8), torch.ones(8 * world))
+            dist.broadcast(t, 0)
+            dist.reduce(t, 0)
+            dist.all_to_all_single(torch.empty(8 * world), torch.ones(8 * world))
+            dist.barrier()
+            dist.gather(t, [torch.empty(8) for _ in range(world)] if rank == 0 else None, 0)
+            dist.scatter(t, [torch.ones(8) for _ in range(world)] if rank == 0 else None, 0)
+            nxt, prv = (rank + 1) % world, (rank - 1) % world
+            if rank % 2 == 0:
+                dist.send(t, nxt)
+                dist.recv(t, prv)
+            else:
+                dist.recv(t, prv)
+                dist.send(t, nxt)
+            reqs = dist.batch_isend_irecv(
+                [dist.P2POp(dist.isend, t, nxt), dist.P2POp(dist.irecv, torch.empty(8), prv)]
+            )
+            for r in reqs:
+                r.wait()
+            if rank < 2:
+                dist.all_reduce(t, group=pair)
+            prof.step()
+
+
+def faulty_hooks(args: argparse.Namespace) -> None:
+    """DDP where dtprof's own phase and collective hooks start raising at step 3."""
+    from dtprof.jobs.worker import train_loop
+    from dtprof.record import comms, phases
+
+    counter = {"calls": 0}
+    real_leaves, real_nbytes = phases.tree_leaves, comms._nbytes
+
+    def broken(real: Callable[..., object]) -> Callable[..., object]:
+        def call(*a: object, **k: object) -> object:
+            counter["calls"] += 1
+            if counter["calls"] > 12:
+                raise ValueError("injected fault")
+            return real(*a, **k)
+
+        return call
+
+    phases.tree_leaves = broken(real_leaves)  # type: ignore[assignment]
+    comms._nbytes = broken(real_nbytes)  # type: ignore[assignment]
+    model, opt = _ddp(args)
+    train_loop(args, model, opt)
+
+
+def skip_collective(args: argparse.Namespace) -> None:
+    """Rank ``--slow-rank`` skips an all-reduce at ``--nan-step``: the others hang in it."""
+    rank = dist.get_rank()
+    with dtprof.profile(args.trace, hang_timeout_s=args.hang_timeout_s) as prof:
+        for step in range(args.steps):
+            t = torch.ones(4)
+            if not (step == args.nan_step and rank == args.slow_rank):
+                dist.all_reduce(t)
+            else:
+                time.sleep(3600)  # stands for a rank stuck elsewhere
+            prof.step()
+
+
+def until_killed(args: argparse.Namespace) -> None:
+    """DDP that trains until it is killed (for crash-safety tests); writes its pid file."""
+    from dtprof.jobs.worker import train_loop
+
+    with open(os.path.join(args.trace, f"pid-{dist.get_rank()}"), "w") as f:
+        f.write(str(os.getpid()))
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    model, opt = _ddp(args)
+    train_loop(args, model, opt)
+
+
+SITUATIONS: dict[str, Callable[[argparse.Namespace], None]] = {
+    "healthy-ddp": healthy_ddp,
+    "straggler-ddp": straggler_ddp,
+    "data-stall": data_stall,
+    "divergence": divergence,
+    "poor-overlap": poor_overlap,
+    "fsdp2": fsdp2,
+    "pipeline": pipeline,
+    "all-ops": all_ops,
+    "faulty-hooks": faulty_hooks,
+    "skip-collective": skip_collective,
+    "until-killed": until_killed,
+}

@@ -1,0 +1,1 @@
+"""Recording inside a training job: the only package that imports torch."""

@@ -1,0 +1,87 @@
+"""Cross-rank clock offsets, estimated by ping-pong with rank 0 at start and at exit.
+
+Events are stamped with the rank's monotonic clock (perf_counter_ns). ``wall = mono +
+mono_to_wall_ns`` puts them on the host's wall clock; the offset of that wall clock to rank 0's
+is measured with a few round trips per rank over a side gloo group, keeping the round with the
+smallest round trip: offset = t_rank - (t0_send + t0_recv) / 2, error = round trip / 2. The
+loader subtracts the offset, interpolated linearly between the start and exit estimates.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+ROUNDS = 8
+EXIT_TIMEOUT_S = 30.0
+
+_group: Any = None
+
+
+def _wall_ns(base: int) -> int:
+    return time.perf_counter_ns() + base
+
+
+def start(world_size: int) -> dict[str, Any]:
+    """Anchor the monotonic clock to the wall clock and measure the offset to rank 0."""
+    base = time.time_ns() - time.perf_counter_ns()
+    info: dict[str, Any] = {"mono_to_wall_ns": base, "method": "none"}
+    if world_size > 1:
+        global _group
+        _group = dist.new_group(backend="gloo", timeout=timedelta(seconds=EXIT_TIMEOUT_S))
+        at, offset, error = _measure(base)
+        info.update(
+            method="ping-pong with rank 0 over gloo",
+            start={"mono_ns": at, "offset_ns": offset, "error_ns": error},
+        )
+    else:
+        info["start"] = {"mono_ns": time.perf_counter_ns(), "offset_ns": 0, "error_ns": 0}
+    return info
+
+
+def finish(info: dict[str, Any], world_size: int) -> dict[str, Any]:
+    """Measure the offset again at exit, for drift. A failure leaves the start estimate alone."""
+    if world_size <= 1 or _group is None:
+        return info
+    try:
+        at, offset, error = _measure(int(info["mono_to_wall_ns"]))
+    except Exception as exc:  # a rank gone or late: keep the start estimate
+        info["end_error"] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return info
+    info["end"] = {"mono_ns": at, "offset_ns": offset, "error_ns": error}
+    return info
+
+
+def _measure(base: int) -> tuple[int, int, int]:
+    """(local mono time of the estimate, offset to rank 0 in ns, error bound in ns)."""
+    group = _group
+    rank = dist.get_rank()
+    world = dist.get_world_size()
+    rounds = max(3, min(ROUNDS, 4000 // max(world, 1)))
+    buf = torch.zeros(2, dtype=torch.int64)
+    if rank == 0:
+        for peer in range(1, world):
+            best: tuple[int, int] | None = None  # (rtt, offset)
+            for _ in range(rounds):
+                t0 = _wall_ns(base)
+                group.send([buf], peer, 0).wait()
+                group.recv([buf], peer, 0).wait()
+                t1 = _wall_ns(base)
+                rtt = t1 - t0
+                offset = int(buf[0]) - (t0 + t1) // 2
+                if best is None or rtt < best[0]:
+                    best = (rtt, offset)
+            assert best is not None
+            buf[0], buf[1] = best[1], best[0] // 2
+            group.send([buf], peer, 0).wait()
+        return time.perf_counter_ns(), 0, 0
+    for _ in range(rounds):
+        group.recv([buf], 0, 0).wait()
+        buf[0] = _wall_ns(base)
+        group.send([buf], 0, 0).wait()
+    group.recv([buf], 0, 0).wait()
+    return time.perf_counter_ns(), int(buf[0]), int(buf[1])

@@ -1,0 +1,370 @@
+"""Collective and point-to-point hooks: wrappers around torch.distributed's Python API.
+
+Each call records op, group, per-group sequence number, bytes, dtype, peer, entry time and
+completion time. Synchronous calls complete when they return; async ones when their future
+completes (a ``then`` callback, no synchronization), or, for gloo p2p works that have no
+future, when ``wait()`` returns. DDP's gradient buckets are reduced by C++, so a DDP comm hook
+that calls the stock ``allreduce_hook`` routes them through the same wrapper.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import threading
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+if TYPE_CHECKING:
+    from dtprof.record.profiler import Profiler
+
+now_ns = time.perf_counter_ns
+
+# API name -> (recorded op name, parameter holding this rank's input, peer parameter)
+OPS: dict[str, tuple[str, str | None, str | None]] = {
+    "all_reduce": ("all_reduce", "tensor", None),
+    "all_reduce_coalesced": ("all_reduce_coalesced", "tensors", None),
+    "all_gather": ("all_gather", "tensor", None),
+    "all_gather_coalesced": ("all_gather_coalesced", "input_tensor_list", None),
+    "all_gather_single": ("all_gather_into_tensor", "input_tensor", None),
+    "all_gather_into_tensor": ("all_gather_into_tensor", "input_tensor", None),
+    "_all_gather_base": ("all_gather_into_tensor", "input_tensor", None),
+    "reduce_scatter": ("reduce_scatter", "input_list", None),
+    "reduce_scatter_single": ("reduce_scatter_tensor", "input", None),
+    "reduce_scatter_tensor": ("reduce_scatter_tensor", "input", None),
+    "_reduce_scatter_base": ("reduce_scatter_tensor", "input", None),
+    "broadcast": ("broadcast", "tensor", None),
+    "reduce": ("reduce", "tensor", None),
+    "all_to_all": ("all_to_all", "input_tensor_list", None),
+    "all_to_all_single": ("all_to_all_single", "input", None),
+    "barrier": ("barrier", None, None),
+    "monitored_barrier": ("monitored_barrier", None, None),
+    "gather": ("gather", "tensor", None),
+    "scatter": ("scatter", "tensor", None),
+    "send": ("send", "tensor", "dst"),
+    "isend": ("isend", "tensor", "dst"),
+    "recv": ("recv", "tensor", "src"),
+    "irecv": ("irecv", "tensor", "src"),
+}
+P2P_SEND = {"send", "isend"}
+
+
+class _ThreadState(threading.local):
+    """Per thread: inside a recorded call (nested API calls are not recorded twice), and the
+    label of the caller (a DDP bucket)."""
+
+    depth = 0
+    label: str | None = None
+
+
+_tls = _ThreadState()
+
+
+def _nbytes(obj: Any) -> tuple[int, str | None]:
+    """Bytes of a tensor or (nested) list of tensors, and the first dtype seen."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size(), str(obj.dtype).removeprefix("torch.")
+    if isinstance(obj, (list, tuple)):
+        total, dtype = 0, None
+        for item in obj:
+            n, d = _nbytes(item)
+            total += n
+            dtype = dtype or d
+        return total, dtype
+    return 0, None
+
+
+class _Call:
+    """Where one API function keeps the arguments dtprof reads."""
+
+    __slots__ = (
+        "async_idx",
+        "group_idx",
+        "group_peer",
+        "group_peer_idx",
+        "op",
+        "payload",
+        "payload_idx",
+        "peer",
+        "peer_idx",
+    )
+
+    def __init__(self, fn: Callable[..., Any], op: str, payload: str | None, peer: str | None):
+        params = list(inspect.signature(fn).parameters)
+
+        def index(name: str | None) -> int | None:
+            return params.index(name) if name in params else None
+
+        self.op = op
+        self.payload, self.payload_idx = payload, index(payload)
+        self.group_idx = index("group")
+        self.async_idx = index("async_op")
+        self.peer, self.peer_idx = peer, index(peer)
+        self.group_peer = f"group_{peer}" if peer else None
+        self.group_peer_idx = index(self.group_peer)
+
+
+def _arg(args: tuple[Any, ...], kwargs: dict[str, Any], name: str | None, idx: int | None) -> Any:
+    if name is None:
+        return None
+    if name in kwargs:
+        return kwargs[name]
+    if idx is not None and idx < len(args):
+        return args[idx]
+    return None
+
+
+class CommRecorder:
+    """Wraps the API while installed; keeps group names, sequence counters and in-flight ops."""
+
+    def __init__(self, prof: Profiler) -> None:
+        self.prof = prof
+        self.rank = prof.rank
+        self.out = prof.collectives
+        self.enabled = True
+        self.inflight: dict[int, tuple[Any, ...]] = {}
+        self._ids = itertools.count()
+        self._group_names: dict[Any, str] = {}
+        self._seq: dict[Any, int] = {}
+        self._no_future: set[str] = set()
+        self._originals: list[tuple[Any, str, Any]] = []
+
+    # -- installation
+
+    def install(self) -> None:
+        for api_name, (op, payload, peer) in OPS.items():
+            original = getattr(c10d, api_name, None)
+            if original is None or not callable(original):
+                continue
+            call = _Call(original, op, payload, peer)
+            wrapper = self._wrap(original, call)
+            for module in (c10d, dist):
+                if getattr(module, api_name, None) is original:
+                    self._originals.append((module, api_name, original))
+                    setattr(module, api_name, wrapper)
+
+    def uninstall(self) -> None:
+        self.enabled = False
+        for module, name, original in reversed(self._originals):
+            setattr(module, name, original)
+        self._originals.clear()
+        global _active
+        if _active is self:
+            _active = None
+
+    def _wrap(self, original: Callable[..., Any], call: _Call) -> Callable[..., Any]:
+        recorder = self
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if not recorder.enabled or _tls.depth:
+                return original(*args, **kwargs)
+            try:
+                token = recorder._enter(call, args, kwargs)
+            except Exception as exc:
+                recorder.prof.hook_failed("collectives", exc)
+                return original(*args, **kwargs)
+            _tls.depth = 1
+            try:
+                result = original(*args, **kwargs)
+            except BaseException:
+                _tls.depth = 0
+                recorder._complete(token, error=True)
+                raise
+            _tls.depth = 0
+            try:
+                return recorder._exit(token, call, result)
+            except Exception as exc:
+                recorder.prof.hook_failed("collectives", exc)
+                return result
+
+        wrapper.__wrapped__ = original  # type: ignore[attr-defined]
+        wrapper.__name__ = getattr(original, "__name__", call.op)
+        wrapper.__doc__ = original.__doc__
+        return wrapper
+
+    # -- per call
+
+    def group_name(self, group: Any) -> str:
+        if group is None:
+            group = c10d._get_default_group()
+        name = self._group_names.get(group)
+        if name is None:
+            name = str(group.group_name)
+            self._group_names[group] = name
+            ranks = [int(r) for r in dist.get_process_group_ranks(group)]
+            backend = str(dist.get_backend(group))
+            self.prof.groups.append((name, backend, ranks))
+        return name
+
+    def _enter(self, call: _Call, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+        start = now_ns()
+        group = _arg(args, kwargs, "group", call.group_idx)
+        gname = self.group_name(group)
+        nbytes, dtype = _nbytes(_arg(args, kwargs, call.payload, call.payload_idx))
+        async_op = call.op in ("isend", "irecv") or bool(
+            _arg(args, kwargs, "async_op", call.async_idx)
+        )
+        peer = None
+        if call.peer is not None:
+            peer = _arg(args, kwargs, call.peer, call.peer_idx)
+            if peer is None:
+                group_peer = _arg(args, kwargs, call.group_peer, call.group_peer_idx)
+                if group_peer is not None:
+                    peer = dist.get_global_rank(group or c10d._get_default_group(), group_peer)
+        if peer is None and call.peer is not None:
+            seq = -1  # receive from any source: the pair is known only afterwards
+        else:
+            key: Any = gname
+            if peer is not None:
+                src, dst = (self.rank, peer) if call.op in P2P_SEND else (peer, self.rank)
+                key = (gname, src, dst)
+            seq = self._seq.get(key, 0)
+            self._seq[key] = seq + 1
+        token = next(self._ids)
+        label = _tls.label
+        self.inflight[token] = (
+            self.prof.step_index,
+            gname,
+            seq,
+            call.op,
+            nbytes,
+            dtype,
+            peer,
+            start,
+            async_op,
+            label,
+        )
+        return token
+
+    def _exit(self, token: int, call: _Call, result: Any) -> Any:
+        record = self.inflight.get(token)
+        if record is None:
+            return result
+        if call.op == "recv" and record[6] is None and isinstance(result, int):
+            self.inflight[token] = (*record[:6], result, *record[7:])
+        if not record[8] or result is None:
+            self._complete(token)
+            return result
+        if call.op not in self._no_future:
+            try:
+                future = result.get_future()
+            except RuntimeError:
+                self._no_future.add(call.op)
+            else:
+                future.then(partial(self._on_future, token))
+                return result
+        return _timed_work_class()(result, partial(self._complete, token))
+
+    def _on_future(self, token: int, _future: Any) -> None:
+        self._complete(token)
+
+    def _complete(self, token: int, error: bool = False) -> None:
+        end = now_ns()
+        record = self.inflight.pop(token, None)
+        if record is None:
+            return
+        label = record[9]
+        if error:
+            label = f"{label};error" if label else "error"
+        self.out.append((*record[:7], record[7], end, record[8], label))
+
+    def inflight_snapshot(self) -> list[dict[str, Any]]:
+        """Operations entered and not completed, oldest first, for inflight.json."""
+        fields = (
+            "step",
+            "group",
+            "seq",
+            "op",
+            "bytes",
+            "dtype",
+            "peer",
+            "start_ns",
+            "async_op",
+            "label",
+        )
+        return [dict(zip(fields, rec, strict=True)) for rec in list(self.inflight.values())]
+
+
+_active: CommRecorder | None = None
+
+
+def install(prof: Profiler) -> CommRecorder:
+    """Wrap torch.distributed's API for this profiler (one at a time per process)."""
+    global _active
+    if _active is not None:
+        raise RuntimeError("another dtprof.profile() is already recording in this process")
+    recorder = CommRecorder(prof)
+    recorder.install()
+    _active = recorder
+    return recorder
+
+
+def ddp_bucket_hook(state: Any, bucket: Any) -> torch.futures.Future[torch.Tensor]:
+    """DDP comm hook with the stock allreduce semantics that labels each bucket's all-reduce."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    _tls.label = f"ddp.bucket{bucket.index()}"
+    try:
+        return allreduce_hook(state, bucket)
+    finally:
+        _tls.label = None
+
+
+# DDP checks the hook's annotations at registration; this module's are strings.
+ddp_bucket_hook.__annotations__ = {
+    "state": object,
+    "bucket": dist.GradBucket,
+    "return": torch.futures.Future[torch.Tensor],
+}
+
+_TIMED_WORK: type | None = None
+
+
+def _timed_work_class() -> type:
+    """A Work that forwards to the real one and records completion when wait() returns."""
+    global _TIMED_WORK
+    if _TIMED_WORK is not None:
+        return _TIMED_WORK
+
+    class TimedWork(dist.Work):  # type: ignore[misc]
+        def __init__(self, inner: Any, on_done: Callable[[], None]) -> None:
+            super().__init__()
+            self._inner = inner
+            self._on_done: Callable[[], None] | None = on_done
+
+        def wait(self, timeout: Any = None) -> bool:
+            result = self._inner.wait() if timeout is None else self._inner.wait(timeout)
+            if self._on_done is not None:
+                self._on_done()
+                self._on_done = None
+            return bool(result)
+
+        def is_completed(self) -> bool:
+            return bool(self._inner.is_completed())
+
+        def is_success(self) -> bool:
+            return bool(self._inner.is_success())
+
+        def exception(self) -> Any:
+            return self._inner.exception()
+
+        def source_rank(self) -> int:
+            return int(self._inner.source_rank())
+
+        def result(self) -> Any:
+            return self._inner.result()
+
+        def synchronize(self) -> Any:
+            return self._inner.synchronize()
+
+        def get_future(self) -> Any:
+            return self._inner.get_future()
+
+    _TIMED_WORK = TimedWork
+    return TimedWork

@@ -1,0 +1,37 @@
+"""Memory per step: process RSS always, the CUDA caching allocator's figures on GPU."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from dtprof.record.profiler import Profiler
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def rss_bytes() -> int:
+    """Resident set size of this process (Linux /proc; resource's peak elsewhere)."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except OSError:
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def sample_step(prof: Profiler, step: int, ts_ns: int) -> None:
+    """Append this step's memory figures to the samples table."""
+    out = prof.samples
+    out.append((step, ts_ns, "rss_bytes", float(rss_bytes())))
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out.append((step, ts_ns, "cuda_allocated_bytes", float(torch.cuda.memory_allocated())))
+        out.append((step, ts_ns, "cuda_reserved_bytes", float(torch.cuda.memory_reserved())))
+        out.append(
+            (step, ts_ns, "cuda_peak_allocated_bytes", float(torch.cuda.max_memory_allocated()))
+        )
+        torch.cuda.reset_peak_memory_stats()

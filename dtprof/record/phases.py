@@ -1,0 +1,133 @@
+"""Phase hooks: forward, backward, optimizer and the data wait between steps.
+
+forward: the root module's forward pre-hook to its forward hook. backward: from the moment
+the gradient reaches the model's output (a tensor hook) to the end of the autograd pass (a
+callback queued on the autograd engine), before DDP waits for its last bucket. optimizer:
+its step pre- and post-hooks. data: from the end of a step to the next forward.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.utils._pytree import tree_leaves
+
+from dtprof.record import comms
+
+if TYPE_CHECKING:
+    from dtprof.record.profiler import Profiler
+
+now_ns = time.perf_counter_ns
+
+
+def model_kind(model: torch.nn.Module | None) -> str:
+    """ddp, fsdp2, module or none: tells the analyzer which ranks should hold equal params."""
+    if model is None:
+        return "none"
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        return "ddp"
+    if any(type(m).__name__.startswith("FSDP") for m in model.modules()):
+        return "fsdp2"
+    return "module"
+
+
+class PhaseHooks:
+    """Installs the phase hooks on a model and an optimizer; uninstall() removes them."""
+
+    def __init__(
+        self, prof: Profiler, model: torch.nn.Module | None, optimizer: torch.optim.Optimizer | None
+    ) -> None:
+        self.prof = prof
+        self.spans = prof.spans
+        self.data_from_ns: int | None = None
+        self._fwd_start = 0
+        self._bwd_start: int | None = None
+        self._opt_start = 0
+        self._handles: list[Any] = []
+        self.ddp_buckets = False
+        if model is not None:
+            self._handles.append(model.register_forward_pre_hook(self._forward_pre))
+            self._handles.append(model.register_forward_hook(self._forward_post))
+            if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+                self._register_ddp_hook(model)
+        if optimizer is not None:
+            self._handles.append(optimizer.register_step_pre_hook(self._optimizer_pre))
+            self._handles.append(optimizer.register_step_post_hook(self._optimizer_post))
+
+    def _register_ddp_hook(self, model: torch.nn.parallel.DistributedDataParallel) -> None:
+        if getattr(model, "_dtprof_comm_hook", False):
+            self.ddp_buckets = True
+            return
+        try:
+            model.register_comm_hook(model.process_group, comms.ddp_bucket_hook)
+        except Exception as exc:
+            # A comm hook of the user's own: keep it. Its collectives are still recorded
+            # if it calls torch.distributed's Python API.
+            self.prof.meta["ddp_buckets"] = f"not labelled: {exc}".splitlines()[0]
+            return
+        setattr(model, "_dtprof_comm_hook", True)  # noqa: B010 (nn.Module typing)
+        self.ddp_buckets = True
+
+    def uninstall(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def _forward_pre(self, module: Any, args: Any) -> None:
+        t = now_ns()
+        try:
+            if self.data_from_ns is not None:
+                prof = self.prof
+                self.spans.append(
+                    (prof.step_index, "data", "phase", self.data_from_ns, t, 0, None, None)
+                )
+                self.data_from_ns = None
+            self._fwd_start = t
+        except Exception as exc:
+            self.prof.hook_failed("phases", exc)
+
+    def _forward_post(self, module: Any, args: Any, output: Any) -> None:
+        t = now_ns()
+        try:
+            self.spans.append(
+                (self.prof.step_index, "forward", "phase", self._fwd_start, t, 0, None, None)
+            )
+            if torch.is_grad_enabled():
+                for leaf in tree_leaves(output):
+                    if isinstance(leaf, torch.Tensor) and leaf.requires_grad:
+                        leaf.register_hook(self._backward_begins)
+        except Exception as exc:
+            self.prof.hook_failed("phases", exc)
+
+    def _backward_begins(self, grad: torch.Tensor) -> None:
+        try:
+            if self._bwd_start is None:
+                self._bwd_start = now_ns()
+                torch.autograd.Variable._execution_engine.queue_callback(self._backward_ends)
+        except Exception as exc:
+            self.prof.hook_failed("phases", exc)
+
+    def _backward_ends(self) -> None:
+        t = now_ns()
+        try:
+            start, self._bwd_start = self._bwd_start, None
+            if start is not None:
+                self.spans.append(
+                    (self.prof.step_index, "backward", "phase", start, t, 0, None, None)
+                )
+        except Exception as exc:
+            self.prof.hook_failed("phases", exc)
+
+    def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._opt_start = now_ns()
+
+    def _optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        t = now_ns()
+        try:
+            self.spans.append(
+                (self.prof.step_index, "optimizer", "phase", self._opt_start, t, 0, None, None)
+            )
+        except Exception as exc:
+            self.prof.hook_failed("phases", exc)

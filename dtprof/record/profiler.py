@@ -1,0 +1,387 @@
+"""profile(): the context manager that records one rank of a training job."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import sys
+import time
+import traceback
+import warnings
+from collections import deque
+from datetime import datetime, timezone
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from dtprof.record import clock, comms, fingerprint, gpu, memory, phases, pipeline, watchdog
+from dtprof.record.writer import DtprofWarning, TraceWriter, write_json_atomic
+from dtprof.trace.schema import INFLIGHT_FILE, META_FILE, SCHEMA_VERSION, rank_dir_name
+
+now_ns = time.perf_counter_ns
+
+
+def profile(
+    trace_dir: str | os.PathLike[str],
+    *,
+    model: torch.nn.Module | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+    pipeline: Any = None,
+    fingerprint_every: int = 0,
+    hang_timeout_s: float | None = None,
+    enabled: bool = True,
+    gpu_sample_interval_s: float = 1.0,
+    flush_interval_s: float = 0.5,
+    clock_sync: bool = True,
+) -> Profiler | NullProfiler:
+    """Record this rank of a training job into ``trace_dir`` (one folder per rank).
+
+    ``model`` and ``optimizer`` add forward / backward / optimizer / data phases (and DDP
+    buckets); ``pipeline`` is a torch.distributed.pipelining schedule whose actions are
+    recorded; ``fingerprint_every`` records parameter fingerprints every N steps (0: off);
+    ``hang_timeout_s`` records a collective in flight longer than that, with every thread's
+    stack. ``enabled=False`` or the environment variable ``DTPROF_DISABLE=1`` makes every call
+    a no-op.
+    """
+    if not enabled or os.environ.get("DTPROF_DISABLE", "") not in ("", "0"):
+        return NullProfiler()
+    return Profiler(
+        Path(trace_dir),
+        model=model,
+        optimizer=optimizer,
+        pipeline=pipeline,
+        fingerprint_every=fingerprint_every,
+        hang_timeout_s=hang_timeout_s,
+        gpu_sample_interval_s=gpu_sample_interval_s,
+        flush_interval_s=flush_interval_s,
+        clock_sync=clock_sync,
+    )
+
+
+class _NullRegion:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+class NullProfiler:
+    """What profile() returns when recording is off: the same API, doing nothing."""
+
+    step_index = 0
+
+    def __enter__(self) -> NullProfiler:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def step(self) -> None:
+        pass
+
+    def region(self, name: str) -> _NullRegion:
+        return _NullRegion()
+
+    def log(self, **values: Any) -> None:
+        pass
+
+
+class _Region:
+    """A user region: a span that closes even when its block raises."""
+
+    __slots__ = ("_depth", "_name", "_prof", "_start")
+
+    def __init__(self, prof: Profiler, name: str) -> None:
+        self._prof = prof
+        self._name = name
+
+    def __enter__(self) -> None:
+        prof = self._prof
+        self._depth = prof._region_depth
+        prof._region_depth += 1
+        self._start = now_ns()
+
+    def __exit__(self, *exc: object) -> None:
+        end = now_ns()
+        prof = self._prof
+        prof._region_depth -= 1
+        prof.spans.append(
+            (prof.step_index, self._name, "region", self._start, end, self._depth, None, None)
+        )
+
+
+class Profiler:
+    """Records one rank: steps, phases, regions, collectives, memory, scalars, fingerprints."""
+
+    def __init__(
+        self,
+        trace_dir: Path,
+        *,
+        model: torch.nn.Module | None,
+        optimizer: torch.optim.Optimizer | None,
+        pipeline: Any,
+        fingerprint_every: int,
+        hang_timeout_s: float | None,
+        gpu_sample_interval_s: float,
+        flush_interval_s: float,
+        clock_sync: bool,
+    ) -> None:
+        self.trace_dir = trace_dir
+        self.model = model
+        self.optimizer = optimizer
+        self.pipeline = pipeline
+        self.fingerprint_every = int(fingerprint_every)
+        self.hang_timeout_s = hang_timeout_s
+        self.gpu_sample_interval_s = gpu_sample_interval_s
+        self.flush_interval_s = flush_interval_s
+        self.clock_sync = clock_sync
+        self.step_index = 0
+        self.step_start_ns = 0
+        self.active = False
+        self._region_depth = 0
+        self._removers: dict[str, list[Any]] = {}
+        self._warned: set[str] = set()
+        self._pending_scalars: deque[tuple[int, str, torch.Tensor]] = deque()
+        self.meta: dict[str, Any] = {}
+
+    # ----------------------------------------------------------------- lifecycle
+
+    def __enter__(self) -> Profiler | NullProfiler:
+        try:
+            self._start()
+        except Exception as exc:
+            warnings.warn(
+                f"dtprof: recording is off for this run: {exc}", DtprofWarning, stacklevel=2
+            )
+            self._teardown_quietly()
+            return NullProfiler()
+        return self
+
+    def _start(self) -> None:
+        if dist.is_available() and dist.is_initialized():
+            self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+            backend = str(dist.get_backend())
+        else:
+            self.rank, self.world_size, backend = 0, 1, "none"
+        self.folder = self.trace_dir / rank_dir_name(self.rank)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.writer = TraceWriter(
+            self.folder, flush_interval_s=self.flush_interval_s, on_failure=self._writer_failed
+        )
+        buffers = self.writer.buffers
+        self.steps, self.spans = buffers["steps"], buffers["spans"]
+        self.scalars = buffers["scalars"]
+        self.samples, self.events = buffers["samples"], buffers["events"]
+        self.fingerprints, self.collectives = buffers["fingerprints"], buffers["collectives"]
+        self.groups = buffers["groups"]
+
+        self.meta = {
+            "schema_version": SCHEMA_VERSION,
+            "dtprof_version": _dtprof_version(),
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "local_rank": int(os.environ.get("LOCAL_RANK", self.rank)),
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "backend": backend,
+            "device": _device_name(),
+            "torch_version": torch.__version__,
+            "python_version": sys.version.split()[0],
+            "started_at": datetime.now(timezone.utc).isoformat(),
+            "status": "running",
+            "model_kind": phases.model_kind(self.model),
+            "config": {
+                "fingerprint_every": self.fingerprint_every,
+                "hang_timeout_s": self.hang_timeout_s,
+                "gpu_sample_interval_s": self.gpu_sample_interval_s,
+                "flush_interval_s": self.flush_interval_s,
+            },
+            "disabled_hooks": [],
+        }
+        self.meta["clock"] = clock.start(self.world_size if self.clock_sync else 1)
+        self.write_meta()
+
+        self.comms = comms.install(self)
+        self._removers["collectives"] = [self.comms.uninstall]
+        if self.model is not None or self.optimizer is not None:
+            self.phases = phases.PhaseHooks(self, self.model, self.optimizer)
+            self._removers["phases"] = [self.phases.uninstall]
+        if self.pipeline is not None:
+            self.meta["pipeline"] = pipeline.describe(self.pipeline, self.rank)
+            self._removers["pipeline"] = [pipeline.install(self, self.pipeline)]
+        self.gpu = gpu.NvmlSampler(self, self.gpu_sample_interval_s)
+        self.meta["nvml"] = self.gpu.status
+        self.watchdog = watchdog.Watchdog(self, self.hang_timeout_s)
+        self.writer.add_tick_hook(self._tick)
+        self.write_meta()
+        self.active = True
+        self.writer.start()
+        self.step_start_ns = now_ns()
+        if hasattr(self, "phases"):
+            self.phases.data_from_ns = self.step_start_ns
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if not self.active:
+            return
+        self.active = False
+        for name in list(self._removers):
+            self._remove(name)
+        try:
+            if exc_type is None and self.clock_sync:
+                self.meta["clock"] = clock.finish(self.meta["clock"], self.world_size)
+            self.meta["status"] = "finished" if exc_type is None else f"raised {exc_type.__name__}"
+            self.meta["ended_at"] = datetime.now(timezone.utc).isoformat()
+            self.meta["steps"] = self.step_index
+            self._resolve_pending_scalars()
+            self.writer.close()
+            write_json_atomic(self.folder / INFLIGHT_FILE, self.comms.inflight_snapshot())
+            self.write_meta()
+        except Exception as err:
+            self._warn_once("close", f"dtprof: could not finish the trace cleanly: {err}")
+
+    def _teardown_quietly(self) -> None:
+        for name in list(self._removers):
+            with contextlib.suppress(Exception):
+                self._remove(name)
+
+    # ----------------------------------------------------------------- public API
+
+    def step(self) -> None:
+        """End the current training step."""
+        t = now_ns()
+        if not self.active:
+            return
+        step = self.step_index
+        self.steps.append((step, self.step_start_ns, t))
+        try:
+            memory.sample_step(self, step, t)
+            if (
+                self.fingerprint_every > 0
+                and step % self.fingerprint_every == 0
+                and (self.model is not None)
+            ):
+                fingerprint.record(self, step)
+        except Exception as exc:
+            self.hook_failed("step", exc)
+        self.step_index = step + 1
+        self.step_start_ns = t
+        if "phases" in self._removers:
+            self.phases.data_from_ns = t
+
+    def region(self, name: str) -> _Region | _NullRegion:
+        """A named user region inside a step (nestable): ``with prof.region("data"):``."""
+        if not self.active:
+            return _NullRegion()
+        return _Region(self, name)
+
+    def log(self, **values: Any) -> None:
+        """Record named scalars for this step: floats or 0-d tensors (read without a sync)."""
+        if not self.active:
+            return
+        step = self.step_index
+        try:
+            for name, value in values.items():
+                if isinstance(value, torch.Tensor):
+                    value = value.detach()
+                    if value.device.type != "cpu":
+                        self._pending_scalars.append((step, name, value))
+                        continue
+                    value = value.item()
+                self.scalars.append((step, name, float(value)))
+        except Exception as exc:
+            self.hook_failed("log", exc)
+
+    # ----------------------------------------------------------------- internals
+
+    def write_meta(self) -> None:
+        write_json_atomic(self.folder / META_FILE, self.meta)
+
+    def _tick(self) -> None:
+        """Writer-thread work before each flush: scalars, samplers, watchdog, in-flight file."""
+        try:
+            self._resolve_pending_scalars()
+            self.gpu.maybe_sample()
+            self.watchdog.check()
+            snapshot = self.comms.inflight_snapshot()
+            if snapshot != getattr(self, "_last_inflight", None):
+                write_json_atomic(self.folder / INFLIGHT_FILE, snapshot)
+                self._last_inflight = snapshot
+        except Exception as exc:
+            self.hook_failed("writer-tick", exc)
+
+    def _resolve_pending_scalars(self) -> None:
+        while self._pending_scalars:
+            step, name, tensor = self._pending_scalars.popleft()
+            self.scalars.append((step, name, float(tensor.item())))
+
+    def add_remover(self, name: str, remover: Any) -> None:
+        self._removers.setdefault(name, []).append(remover)
+
+    def _remove(self, name: str) -> None:
+        for remover in self._removers.pop(name, []):
+            with contextlib.suppress(Exception):
+                remover()
+
+    def hook_failed(self, name: str, exc: BaseException) -> None:
+        """A hook raised: switch it off, warn once, note it in the trace; training goes on."""
+        try:
+            self._remove(name)
+            if name not in self.meta.get("disabled_hooks", []):
+                self.meta.setdefault("disabled_hooks", []).append(name)
+            detail = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+            self.events.append(
+                (
+                    self.step_index,
+                    now_ns(),
+                    "hook-error",
+                    f"{name} hook raised {type(exc).__name__}: {exc}; it is off",
+                    _json({"hook": name, "traceback": detail}),
+                )
+            )
+            self._warn_once(
+                name,
+                f"dtprof: the {name} hook raised {type(exc).__name__}: {exc};"
+                " it is switched off and training goes on",
+            )
+            self.write_meta()
+        except Exception:
+            pass
+
+    def _writer_failed(self, exc: BaseException) -> None:
+        self._warn_once("writer", f"dtprof: trace writing stopped ({exc}); training goes on")
+        self.active = False
+        for name in list(self._removers):
+            self._remove(name)
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            warnings.warn(message, DtprofWarning, stacklevel=3)
+
+
+def _json(obj: Any) -> str:
+    import json
+
+    return json.dumps(obj, default=str)
+
+
+def _device_name() -> str:
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return f"cuda:{torch.cuda.current_device()}"
+    return "cpu"
+
+
+def _dtprof_version() -> str:
+    from dtprof import __version__
+
+    return __version__

@@ -1,0 +1,178 @@
+"""Buffered, crash-safe trace writer: hot-path appends, a background thread does the I/O.
+
+Rows are appended to per-table deques (thread-safe, ~50 ns). Every ``flush_interval_s`` the
+writer thread drains them and appends one Arrow IPC record batch per table to that table's
+open segment (``_live-N.arrows``); the bytes reach the operating system at once, so they
+survive a SIGKILL of the process. A segment is sealed into ``part-N.parquet`` (written aside,
+then renamed into place) when it grows past ``seal_rows`` or ``seal_interval_s``, and at close.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import threading
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from dtprof.trace.schema import LIVE_PREFIX, SEALED_PREFIX, TABLES, Table
+
+
+class DtprofWarning(RuntimeWarning):
+    """A problem inside recording; training goes on."""
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    """Write JSON beside ``path`` and rename it into place, so readers never see half a file."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1, default=str)
+    os.replace(tmp, path)
+
+
+class _Segment:
+    """The open segment of one table: an Arrow IPC stream being appended to."""
+
+    def __init__(self, folder: Path, table: Table, number: int) -> None:
+        self.folder = folder
+        self.table = table
+        self.number = number
+        self.path = folder / f"{LIVE_PREFIX}{number:06d}.arrows"
+        self.rows = 0
+        self.opened_s = time.monotonic()
+        self._sink = pa.OSFile(str(self.path), "wb")
+        self._stream = pa.ipc.new_stream(self._sink, table.schema)
+
+    def append(self, batch: pa.RecordBatch) -> None:
+        self._stream.write_batch(batch)
+        self.rows += batch.num_rows
+
+    def seal(self) -> None:
+        """Close the stream, rewrite it as Parquet under its final name, drop the stream."""
+        self._stream.close()
+        self._sink.close()
+        with pa.OSFile(str(self.path), "rb") as source:
+            data = pa.ipc.open_stream(source).read_all()
+        final = self.folder / f"{SEALED_PREFIX}{self.number:06d}.parquet"
+        tmp = self.folder / f".{final.name}.tmp"
+        pq.write_table(data, tmp, compression="zstd")
+        os.replace(tmp, final)
+        self.path.unlink()
+
+
+class TraceWriter:
+    """Owns one rank's folder: table buffers, the writer thread, segments and JSON files."""
+
+    def __init__(
+        self,
+        folder: Path,
+        flush_interval_s: float = 0.5,
+        seal_rows: int = 250_000,
+        seal_interval_s: float = 300.0,
+        on_failure: Callable[[BaseException], None] | None = None,
+    ) -> None:
+        self.folder = folder
+        self.flush_interval_s = flush_interval_s
+        self.seal_rows = seal_rows
+        self.seal_interval_s = seal_interval_s
+        self.buffers: dict[str, collections.deque[tuple[Any, ...]]] = {
+            name: collections.deque() for name in TABLES
+        }
+        self._on_failure = on_failure
+        self._segments: dict[str, _Segment] = {}
+        self._next_segment: dict[str, int] = dict.fromkeys(TABLES, 0)
+        self._tick_hooks: list[Callable[[], None]] = []
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._lock = threading.Lock()  # one flush at a time: thread, flush_now and close
+        self._thread: threading.Thread | None = None
+        self.failed = False
+        self.batches_written = 0
+        for name in TABLES:
+            (folder / name).mkdir(parents=True, exist_ok=True)
+
+    def add_tick_hook(self, hook: Callable[[], None]) -> None:
+        """Run ``hook`` on the writer thread before each flush (watchdog, samplers)."""
+        self._tick_hooks.append(hook)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="dtprof-writer", daemon=True)
+        self._thread.start()
+
+    def wake(self) -> None:
+        """Ask the writer thread to flush now rather than at its next interval."""
+        self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.flush_interval_s)
+            self._wake.clear()
+            if self._stop.is_set():
+                break
+            for hook in self._tick_hooks:
+                hook()
+            self.flush()
+
+    def flush(self, seal: bool = False) -> None:
+        """Drain every buffer into its segment; seal segments that are due (or all)."""
+        if self.failed:
+            for buf in self.buffers.values():
+                buf.clear()
+            return
+        with self._lock:
+            try:
+                self._flush_locked(seal)
+            except Exception as exc:  # disk full, permissions, a vanished folder...
+                self.failed = True
+                for buf in self.buffers.values():
+                    buf.clear()
+                if self._on_failure is not None:
+                    self._on_failure(exc)
+                else:
+                    warnings.warn(
+                        f"dtprof: trace writing stopped: {exc}", DtprofWarning, stacklevel=1
+                    )
+
+    def _flush_locked(self, seal: bool) -> None:
+        now = time.monotonic()
+        for name, buf in self.buffers.items():
+            n = len(buf)
+            if n:
+                rows = [buf.popleft() for _ in range(n)]
+                self._segment(name).append(_to_batch(TABLES[name], rows))
+                self.batches_written += 1
+            seg = self._segments.get(name)
+            if seg is not None and (
+                seal or seg.rows >= self.seal_rows or now - seg.opened_s >= self.seal_interval_s
+            ):
+                seg.seal()
+                del self._segments[name]
+
+    def _segment(self, name: str) -> _Segment:
+        seg = self._segments.get(name)
+        if seg is None:
+            number = self._next_segment[name]
+            self._next_segment[name] = number + 1
+            seg = self._segments[name] = _Segment(self.folder / name, TABLES[name], number)
+        return seg
+
+    def close(self) -> None:
+        """Stop the thread, write what is left and seal every open segment."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        self.flush(seal=True)
+
+
+def _to_batch(table: Table, rows: list[tuple[Any, ...]]) -> pa.RecordBatch:
+    columns = list(zip(*rows, strict=True))
+    arrays = [pa.array(col, type=c.type) for col, c in zip(columns, table.columns, strict=True)]
+    return pa.RecordBatch.from_arrays(arrays, schema=table.schema)

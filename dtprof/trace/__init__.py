@@ -1,0 +1,1 @@
+"""The trace directory: its schema, and reading it."""

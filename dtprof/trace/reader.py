@@ -1,0 +1,304 @@
+"""load_trace(): read a dtprof trace directory into pandas DataFrames on one clock."""
+
+from __future__ import annotations
+
+import json
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from dtprof.errors import DtprofError
+from dtprof.trace.schema import (
+    INFLIGHT_FILE,
+    LIVE_PREFIX,
+    META_FILE,
+    RANK_DIR_PREFIX,
+    SCHEMA_VERSION,
+    SEALED_PREFIX,
+    TABLES,
+    Table,
+)
+
+
+@dataclass
+class Trace:
+    """A whole run: one DataFrame per table, every table with a ``rank`` column first.
+
+    Times (``*_ns``) are int64 nanoseconds on rank 0's wall clock (Unix epoch).
+    """
+
+    path: Path
+    ranks: pd.DataFrame
+    steps: pd.DataFrame
+    spans: pd.DataFrame
+    collectives: pd.DataFrame
+    scalars: pd.DataFrame
+    samples: pd.DataFrame
+    fingerprints: pd.DataFrame
+    groups: pd.DataFrame
+    events: pd.DataFrame
+    inflight: pd.DataFrame
+    meta: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def world_size(self) -> int:
+        return int(self.ranks["world_size"].max()) if len(self.ranks) else 0
+
+
+def find_rank_dirs(path: Path) -> list[tuple[int, Path]]:
+    """The (rank, folder) pairs of a trace directory, sorted by rank."""
+    if not path.exists():
+        raise DtprofError(f"{path}: no such directory")
+    if not path.is_dir():
+        raise DtprofError(f"{path}: not a directory (a dtprof trace is a directory)")
+    found = []
+    for entry in os.scandir(path):
+        if entry.is_dir() and entry.name.startswith(RANK_DIR_PREFIX):
+            number = entry.name[len(RANK_DIR_PREFIX) :]
+            if not number.isdigit():
+                raise DtprofError(f"{entry.path}: rank folder name is not rank=<number>")
+            found.append((int(number), Path(entry.path)))
+    if not found:
+        raise DtprofError(f"{path}: not a dtprof trace (no rank=NNNNN folders)")
+    return sorted(found)
+
+
+def read_meta(folder: Path) -> dict[str, Any]:
+    """A rank's meta.json, checked for the schema version."""
+    file = folder / META_FILE
+    try:
+        meta = json.loads(file.read_text())
+    except FileNotFoundError:
+        raise DtprofError(f"{file}: missing (is this rank's folder complete?)") from None
+    except (OSError, ValueError) as exc:
+        raise DtprofError(f"{file}: not readable JSON ({exc})") from None
+    if not isinstance(meta, dict) or "schema_version" not in meta or "rank" not in meta:
+        raise DtprofError(f"{file}: not a dtprof rank metadata file")
+    version = meta["schema_version"]
+    if version != SCHEMA_VERSION:
+        newer = isinstance(version, int) and version > SCHEMA_VERSION
+        hint = "; upgrade dtprof" if newer else ""
+        raise DtprofError(
+            f"{file}: trace schema version {version}, this dtprof reads {SCHEMA_VERSION}{hint}"
+        )
+    return meta
+
+
+def read_table(folder: Path, table: Table) -> pa.Table:
+    """One rank's table: sealed Parquet parts plus the open segment's complete batches."""
+    tdir = folder / table.name
+    pieces: list[pa.Table] = []
+    if not tdir.is_dir():
+        return table.schema.empty_table()
+    sealed: dict[int, Path] = {}
+    live: dict[int, Path] = {}
+    for entry in os.scandir(tdir):
+        name = entry.name
+        if name.startswith(SEALED_PREFIX) and name.endswith(".parquet"):
+            sealed[_segment_number(entry.path, name, SEALED_PREFIX)] = Path(entry.path)
+        elif name.startswith(LIVE_PREFIX) and name.endswith(".arrows"):
+            live[_segment_number(entry.path, name, LIVE_PREFIX)] = Path(entry.path)
+    for number in sorted(set(sealed) | set(live)):
+        if number in sealed:  # a sealed part wins over a stream left by a crash mid-seal
+            pieces.append(_read_parquet(sealed[number], table))
+        else:
+            pieces.append(_read_stream(live[number], table))
+    if not pieces:
+        return table.schema.empty_table()
+    return pa.concat_tables(pieces)
+
+
+def _segment_number(path: str, name: str, prefix: str) -> int:
+    digits = name[len(prefix) :].split(".")[0]
+    if not digits.isdigit():
+        raise DtprofError(f"{path}: unexpected file name in a trace table folder")
+    return int(digits)
+
+
+def _read_parquet(path: Path, table: Table) -> pa.Table:
+    try:
+        data = pq.read_table(path)
+    except (OSError, pa.ArrowException) as exc:
+        raise DtprofError(f"{path}: not a readable Parquet file ({exc})") from None
+    return _conform(path, data, table)
+
+
+def _read_stream(path: Path, table: Table) -> pa.Table:
+    """Every complete record batch of an Arrow IPC stream; a torn last batch is dropped."""
+    batches = []
+    try:
+        with pa.OSFile(str(path), "rb") as source:
+            reader = pa.ipc.open_stream(source)
+            while True:
+                try:
+                    batches.append(reader.read_next_batch())
+                except StopIteration:
+                    break
+                except (OSError, pa.ArrowException):
+                    break  # written up to a crash: keep what is whole
+    except (OSError, pa.ArrowException):
+        return table.schema.empty_table()  # killed before the stream's schema was written
+    return _conform(path, pa.Table.from_batches(batches, schema=table.schema), table)
+
+
+def _conform(path: Path, data: pa.Table, table: Table) -> pa.Table:
+    missing = [c for c in table.column_names if c not in data.column_names]
+    if missing:
+        raise DtprofError(f"{path}: table {table.name} lacks column(s) {', '.join(missing)}")
+    data = data.select(table.column_names)
+    try:
+        return data.cast(table.schema)
+    except (pa.ArrowException, ValueError) as exc:
+        raise DtprofError(f"{path}: column types do not match table {table.name} ({exc})") from None
+
+
+# Columns that may be null (peer, stage, microbatch) stay integers rather than floats.
+_NULLABLE_INTS = {pa.int16(): pd.Int16Dtype(), pa.int32(): pd.Int32Dtype()}
+
+
+def clock_params(meta: dict[str, Any]) -> tuple[int, float, float, float]:
+    """(mono_to_wall_ns, offset at t0, t0, drift in ns per ns) for one rank."""
+    clock = meta.get("clock") or {}
+    base = int(clock.get("mono_to_wall_ns", 0))
+    start = clock.get("start") or {}
+    end = clock.get("end") or {}
+    off0 = float(start.get("offset_ns", 0))
+    t0 = float(start.get("mono_ns", 0))
+    slope = 0.0
+    if end and float(end.get("mono_ns", t0)) > t0:
+        slope = (float(end["offset_ns"]) - off0) / (float(end["mono_ns"]) - t0)
+    return base, off0, t0, slope
+
+
+def _align(
+    df: pd.DataFrame, columns: list[str], params: dict[int, tuple[int, float, float, float]]
+) -> None:
+    """Turn monotonic local stamps into rank 0's wall clock, in place, vectorized over rows."""
+    if df.empty or not columns:
+        return
+    ranks = df["rank"].to_numpy()
+    keys = np.array(sorted(params))
+    table = np.array([params[k] for k in keys], dtype=np.float64).reshape(-1, 4)
+    idx = np.searchsorted(keys, ranks)
+    base = table[idx, 0].astype(np.int64)
+    off0, t0, slope = table[idx, 1], table[idx, 2], table[idx, 3]
+    for col in columns:
+        raw = df[col].to_numpy(dtype=np.float64, na_value=np.nan)
+        offset = off0 + slope * (raw - t0)
+        aligned = (
+            df[col].to_numpy(dtype="int64", na_value=0) + base - np.rint(offset).astype(np.int64)
+        )
+        if df[col].hasnans:
+            df[col] = pd.array(np.where(np.isnan(raw), pd.NA, aligned), dtype="Int64")
+        else:
+            df[col] = aligned
+
+
+def _load_rank(rank: int, folder: Path) -> tuple[dict[str, Any], dict[str, pa.Table], list[Any]]:
+    meta = read_meta(folder)
+    if int(meta["rank"]) != rank:
+        raise DtprofError(
+            f"{folder / META_FILE}: says rank {meta['rank']} but the folder is rank {rank}"
+        )
+    tables = {name: read_table(folder, t) for name, t in TABLES.items()}
+    inflight: list[Any] = []
+    file = folder / INFLIGHT_FILE
+    if file.exists():
+        try:
+            inflight = json.loads(file.read_text())
+        except (OSError, ValueError) as exc:
+            raise DtprofError(f"{file}: not readable JSON ({exc})") from None
+    return meta, tables, inflight
+
+
+def load_trace(path: str | os.PathLike[str], threads: int | None = None) -> Trace:
+    """Read every rank of a trace directory; times aligned to rank 0."""
+    root = Path(path)
+    rank_dirs = find_rank_dirs(root)
+    workers = threads or min(8, (os.cpu_count() or 2) * 2)
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        loaded = list(pool.map(lambda rd: _load_rank(*rd), rank_dirs))
+
+    metas = {rank: meta for (rank, _), (meta, _, _) in zip(rank_dirs, loaded, strict=True)}
+    sizes = {int(m.get("world_size", 0)) for m in metas.values()}
+    if len(sizes) > 1:
+        raise DtprofError(
+            f"{root}: ranks disagree on the world size ({sorted(sizes)}); "
+            "are two runs mixed in one directory?"
+        )
+    params = {rank: clock_params(meta) for rank, meta in metas.items()}
+
+    frames: dict[str, pd.DataFrame] = {}
+    for name, table in TABLES.items():
+        parts = []
+        for (rank, _), (_, tables, _) in zip(rank_dirs, loaded, strict=True):
+            t = tables[name]
+            parts.append(t.add_column(0, "rank", pa.array(np.full(t.num_rows, rank, np.int32))))
+        df = pa.concat_tables(parts).to_pandas(types_mapper=_NULLABLE_INTS.get)
+        df["rank"] = df["rank"].astype("int32")
+        _align(df, table.time_columns, params)
+        frames[name] = df
+    groups = frames["groups"]
+    if not groups.empty:
+        groups = groups.drop(columns="rank").drop_duplicates("group").reset_index(drop=True)
+        groups["ranks"] = groups["ranks"].map(lambda r: [int(x) for x in r])
+    frames["groups"] = groups
+
+    inflight_rows = [
+        dict(row, rank=rank)
+        for (rank, _), (_, _, rows) in zip(rank_dirs, loaded, strict=True)
+        for row in rows
+    ]
+    inflight = pd.DataFrame(
+        inflight_rows,
+        columns=[
+            "rank",
+            "step",
+            "group",
+            "seq",
+            "op",
+            "bytes",
+            "dtype",
+            "peer",
+            "start_ns",
+            "async_op",
+            "label",
+        ],
+    )
+    if not inflight.empty:
+        inflight["start_ns"] = inflight["start_ns"].astype("int64")
+        _align(inflight, ["start_ns"], params)
+
+    ranks = pd.DataFrame([_rank_row(meta) for meta in metas.values()])
+    return Trace(path=root, ranks=ranks, inflight=inflight, meta=metas, **frames)
+
+
+def _rank_row(meta: dict[str, Any]) -> dict[str, Any]:
+    _base, off0, _t0, slope = clock_params(meta)
+    clock = meta.get("clock") or {}
+    start = clock.get("start") or {}
+    pipeline = meta.get("pipeline") or {}
+    return {
+        "rank": int(meta["rank"]),
+        "world_size": int(meta.get("world_size", 0)),
+        "host": meta.get("host"),
+        "pid": meta.get("pid"),
+        "device": meta.get("device"),
+        "backend": meta.get("backend"),
+        "model_kind": meta.get("model_kind"),
+        "status": meta.get("status"),
+        "steps": meta.get("steps"),
+        "clock_offset_ns": int(off0),
+        "clock_error_ns": int(start.get("error_ns", 0)),
+        "clock_drift_ppm": slope * 1e6,
+        "pipeline_schedule": pipeline.get("schedule"),
+        "started_at": meta.get("started_at"),
+        "ended_at": meta.get("ended_at"),
+    }

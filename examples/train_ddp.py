@@ -1,0 +1,64 @@
+"""A DDP training script recorded with dtprof. Run it under torchrun:
+
+    torchrun --nproc-per-node 4 examples/train_ddp.py --trace runs/demo
+
+``--slow-rank R`` makes rank R's compute about 30% slower, the most common way a job loses
+time: every other rank waits for it at each gradient all-reduce.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import dtprof
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--trace", default="runs/demo")
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--slow-rank", type=int, default=-1)
+    args = parser.parse_args()
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = DDP(
+        nn.Sequential(
+            nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 16)
+        )
+    )
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    loss_fn = nn.CrossEntropyLoss()
+    gen = torch.Generator().manual_seed(rank)
+
+    with dtprof.profile(
+        args.trace, model=model, optimizer=optimizer, fingerprint_every=10, hang_timeout_s=60
+    ) as prof:
+        for _ in range(args.steps):
+            with prof.region("data"):
+                x = torch.randn(64, 256, generator=gen)
+                y = torch.randint(0, 16, (64,), generator=gen)
+            if rank == args.slow_rank:
+                with prof.region("slow-device"):
+                    time.sleep(0.004)  # stands for a slower GPU
+            loss = loss_fn(model(x), y)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            prof.log(loss=loss)
+            prof.step()
+
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
