@@ -261,8 +261,13 @@ class CommRecorder:
                 return result
         return _timed_work_class()(result, partial(self._complete, token))
 
-    def _on_future(self, token: int, _future: Any) -> None:
-        self._complete(token)
+    def _on_future(self, token: int, future: Any) -> None:
+        try:
+            future.value()  # completed already: raises only if the operation failed
+        except Exception:
+            self._complete(token, error=True)
+        else:
+            self._complete(token)
 
     def _complete(self, token: int, error: bool = False) -> None:
         end = now_ns()
@@ -292,6 +297,11 @@ class CommRecorder:
 
 
 _active: CommRecorder | None = None
+
+
+def is_recording() -> bool:
+    """Whether a profile() in this process has the API wrapped now."""
+    return _active is not None
 
 
 def install(prof: Profiler) -> CommRecorder:

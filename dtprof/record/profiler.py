@@ -163,6 +163,8 @@ class Profiler:
         return self
 
     def _start(self) -> None:
+        if comms.is_recording():
+            raise RuntimeError("another dtprof.profile() is already recording in this process")
         if dist.is_available() and dist.is_initialized():
             self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
             backend = str(dist.get_backend())

@@ -1,0 +1,36 @@
+"""Shared helpers: run real gloo jobs from dtprof.jobs and show their logs when they fail."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dtprof.jobs import launch
+
+
+def logs_of(log_dir: Path) -> str:
+    return "\n".join(
+        f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}"
+        for p in sorted(log_dir.glob("*.log"))
+    )
+
+
+@pytest.fixture
+def run_job(tmp_path: Path):
+    """run_job(situation, world_size, *args) -> trace dir; fails with the ranks' logs."""
+
+    def run(situation: str, world_size: int, *args: str, timeout_s: float = 180) -> Path:
+        trace = tmp_path / situation
+        log_dir = tmp_path / f"{situation}-logs"
+        codes = launch.run(
+            situation,
+            world_size,
+            ["--trace", str(trace), *args],
+            timeout_s=timeout_s,
+            log_dir=log_dir,
+        )
+        assert codes == [0] * world_size, f"exit codes {codes}\n{logs_of(log_dir)}"
+        return trace
+
+    return run

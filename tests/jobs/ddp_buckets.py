@@ -1,0 +1,41 @@
+"""A DDP job with small buckets (several per step), for the integration tests.
+
+Usage (one process per rank, torchrun-style environment): ddp_buckets.py TRACE STEPS
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import dtprof
+
+
+def main() -> None:
+    trace, steps = sys.argv[1], int(sys.argv[2])
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = DDP(nn.Sequential(*[nn.Linear(128, 128) for _ in range(6)]), bucket_cap_mb=0.1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with dtprof.profile(trace, model=model, optimizer=opt, fingerprint_every=1) as prof:
+        for step in range(steps):
+            with prof.region("data"):
+                x = torch.randn(32, 128, generator=torch.Generator().manual_seed(rank * 99 + step))
+            loss = model(x).square().mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            prof.log(loss=loss)
+            prof.step()
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

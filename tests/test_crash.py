@@ -1,0 +1,133 @@
+"""Crash safety and failures on real jobs: SIGKILL, a hang, hooks that raise."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+import dtprof
+from dtprof.errors import DtprofError
+from dtprof.jobs import launch
+from tests.conftest import logs_of
+
+pytestmark = pytest.mark.multiprocess
+
+
+def _poll(predicate, timeout_s: float, what: str, log_dir: Path, procs):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if any(p.poll() is not None for p in procs):
+            pytest.fail(f"a rank ended while waiting for {what}\n{logs_of(log_dir)}")
+        try:
+            value = predicate()
+        except (DtprofError, FileNotFoundError, KeyError):
+            value = None
+        if value:
+            return value
+        time.sleep(0.1)
+    pytest.fail(f"timed out waiting for {what}\n{logs_of(log_dir)}")
+
+
+def test_a_sigkilled_rank_leaves_a_readable_trace_up_to_about_a_second_before(
+    tmp_path: Path,
+) -> None:
+    trace_dir, logs = tmp_path / "trace", tmp_path / "logs"
+    procs = launch.start(
+        "until-killed",
+        2,
+        ["--trace", str(trace_dir), "--steps", "100000", "--fingerprint-every", "0"],
+        log_dir=logs,
+    )
+    try:
+        _poll(
+            lambda: len(dtprof.load_trace(trace_dir).steps) >= 40,
+            120,
+            "40 steps on disk",
+            logs,
+            procs,
+        )
+        time.sleep(1.0)
+        killed_at_ns = time.time_ns()
+        os.kill(procs[1].pid, signal.SIGKILL)
+        codes = launch.wait(procs, 60)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert codes[1] == -signal.SIGKILL
+    trace = dtprof.load_trace(trace_dir)
+    # everything older than about a second before the kill is on disk
+    last_end = trace.steps.groupby("rank")["end_ns"].max()
+    assert (killed_at_ns - last_end[1]) / 1e9 < 1.2, (killed_at_ns - last_end[1]) / 1e9
+    status = trace.ranks.set_index("rank")["status"]
+    assert status[1] == "running"
+    # gloo tells rank 0 its peer is gone: the all-reduce fails, and the trace says so
+    assert status[0] == "raised RuntimeError", logs_of(logs)
+    failed = trace.collectives[trace.collectives["label"].str.endswith(";error", na=False)]
+    assert failed["rank"].tolist() == [0] and failed["label"].iloc[0].startswith("ddp.bucket")
+    ok_on_0 = trace.collectives[
+        (trace.collectives["rank"] == 0) & ~trace.collectives.index.isin(failed.index)
+    ]
+    assert failed["seq"].iloc[0] == ok_on_0["seq"].max() + 1
+
+
+def test_the_watchdog_records_a_hang_with_stacks_and_flushes_it_at_once(tmp_path: Path) -> None:
+    trace_dir, logs = tmp_path / "trace", tmp_path / "logs"
+    procs = launch.start(
+        "skip-collective",
+        2,
+        [
+            "--trace",
+            str(trace_dir),
+            "--steps",
+            "10",
+            "--slow-rank",
+            "1",
+            "--nan-step",
+            "3",
+            "--hang-timeout-s",
+            "1",
+        ],
+        log_dir=logs,
+    )
+    try:
+        # rank 1 skips the all-reduce of step 3: rank 0 waits in it; within timeout + a flush
+        events = _poll(lambda: _hangs(trace_dir), 60, "a hang event on disk", logs, procs)
+        inflight = json.loads((trace_dir / "rank=00000" / "inflight.json").read_text())
+        assert all(p.poll() is None for p in procs), "the watchdog must never end the job"
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    (event,) = events
+    assert [(op["op"], op["seq"], op["step"]) for op in inflight] == [("all_reduce", 3, 3)]
+    detail = json.loads(event["detail"])
+    assert event["rank"] == 0 and event["step"] == 3
+    assert (detail["op"], detail["group"], detail["seq"]) == ("all_reduce", "0", 3)
+    assert 1.0 <= detail["waited_s"] < 3.0
+    main_stack = next(s for s in detail["stacks"] if s["thread"] == "MainThread")
+    functions = [f["function"] for f in main_stack["frames"]]
+    assert "skip_collective" in functions
+    assert main_stack["frames"][-1]["function"] in ("all_reduce", "wrapper")
+
+
+def _hangs(trace_dir: Path) -> list[dict]:
+    events = dtprof.load_trace(trace_dir).events
+    return events[events["kind"] == "hang"].to_dict("records")
+
+
+def test_hooks_that_raise_do_not_stop_training(run_job, tmp_path: Path) -> None:
+    trace = dtprof.load_trace(run_job("faulty-hooks", 2, "--steps", "8"))
+    assert trace.steps.groupby("rank").size().tolist() == [8, 8]
+    assert all(
+        sorted(m["disabled_hooks"]) == ["collectives", "phases"] for m in trace.meta.values()
+    )
+    errors = trace.events[trace.events["kind"] == "hook-error"]
+    assert errors.groupby("rank").size().tolist() == [2, 2]
+    log = (tmp_path / "faulty-hooks-logs" / "rank-0.log").read_text()
+    assert log.count("DtprofWarning") == 2, log

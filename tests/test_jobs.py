@@ -1,0 +1,135 @@
+"""Real multi-process gloo jobs (DDP, every API op, FSDP2, pipelining) and what they record."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import dtprof
+from dtprof.jobs import launch
+from tests.conftest import logs_of
+
+pytestmark = pytest.mark.multiprocess
+
+
+def _matched(coll: pd.DataFrame, world: int) -> pd.DataFrame:
+    """Collectives (not p2p) keyed by (group, seq), one column per rank."""
+    coll = coll[coll["peer"].isna()]
+    return coll.pivot_table(
+        index=["group", "seq"], columns="rank", values="end_ns", aggfunc="first"
+    )
+
+
+def test_ddp_steps_buckets_sequence_numbers_clocks_fingerprints(tmp_path: Path) -> None:
+    trace_dir, world, steps = tmp_path / "trace", 3, 12
+    script = Path(__file__).parent / "jobs" / "ddp_buckets.py"
+    procs = launch.start_command(
+        [sys.executable, str(script), str(trace_dir), str(steps)], world, log_dir=tmp_path / "logs"
+    )
+    assert launch.wait(procs, 180) == [0] * world, logs_of(tmp_path / "logs")
+    trace = dtprof.load_trace(trace_dir)
+
+    # every step on every rank, with its four phases
+    assert trace.steps.groupby("rank")["step"].apply(list).tolist() == [list(range(steps))] * world
+    phases = trace.spans[trace.spans["kind"] == "phase"]
+    counts = phases.groupby(["rank", "step", "name"]).size().unstack()
+    assert (counts[["data", "forward", "backward", "optimizer"]] == 1).all().all()
+
+    # DDP buckets: several per step, labelled, together the size of all gradients
+    coll = trace.collectives
+    assert set(coll["op"]) == {"all_reduce"}
+    assert coll["label"].str.fullmatch(r"ddp\.bucket\d+").all()
+    param_bytes = 6 * (128 * 128 + 128) * 4
+    per_step = coll.groupby(["rank", "step"])["bytes"].agg(["sum", "size"])
+    assert (per_step["sum"] == param_bytes).all()
+    # DDP rebuilds its buckets after the first step, in the order gradients became ready
+    after_first = per_step[per_step.index.get_level_values("step") >= 1]
+    assert len(after_first) == world * (steps - 1) and (after_first["size"] >= 3).all()
+
+    # the same collective has the same (group, seq), op and bytes on every rank
+    keyed = coll.set_index(["group", "seq", "rank"])[["op", "bytes", "label"]].unstack("rank")
+    for field in ("op", "bytes"):
+        assert (keyed[field].nunique(axis=1) == 1).all()
+    assert keyed.notna().all().all()
+
+    # clocks aligned: an all-reduce completes at nearly the same moment on every rank
+    ends = _matched(coll, world)
+    spread_ms = (ends.max(axis=1) - ends.min(axis=1)) / 1e6
+    assert spread_ms.median() < 5, spread_ms.describe()
+    assert (trace.ranks["clock_error_ns"] < 5e6).all()
+
+    # parameters are bit-identical across replicas: equal fingerprints at every step
+    fp = trace.fingerprints.pivot_table(index=["step", "tensor"], columns="rank", values="sum")
+    assert len(fp) == steps * 12
+    assert (fp.nunique(axis=1) == 1).all()
+    assert trace.scalars.groupby("rank").size().tolist() == [steps] * world
+    assert set(trace.ranks["model_kind"]) == {"ddp"}
+
+
+def test_every_api_op_is_recorded_with_matching_sequence_numbers(run_job) -> None:
+    trace = dtprof.load_trace(run_job("all-ops", 2))
+    coll = trace.collectives
+    expected = {
+        "all_reduce",
+        "all_gather",
+        "all_gather_into_tensor",
+        "reduce_scatter_tensor",
+        "broadcast",
+        "reduce",
+        "all_to_all_single",
+        "barrier",
+        "gather",
+        "scatter",
+        "send",
+        "recv",
+        "isend",
+        "irecv",
+    }
+    assert set(coll["op"]) == expected
+    assert coll.groupby("rank").size().tolist() == [32, 32]
+    assert (coll["end_ns"] >= coll["start_ns"]).all()
+    # collectives: same op at the same (group, seq) on both ranks
+    collective = coll[coll["peer"].isna()]
+    ops = collective.pivot_table(
+        index=["group", "seq"], columns="rank", values="op", aggfunc="first"
+    )
+    assert (ops[0] == ops[1]).all() and len(ops) == 24
+    # p2p: each send has the receive with the same (group, src -> dst, seq) on its peer
+    p2p = coll[coll["peer"].notna()].copy()
+    sending = p2p["op"].isin(["send", "isend"])
+    p2p["src"] = np.where(sending, p2p["rank"], p2p["peer"])
+    p2p["dst"] = np.where(sending, p2p["peer"], p2p["rank"])
+    sides = p2p.groupby(["group", "src", "dst", "seq"])["op"].apply(sorted)
+    assert sides.map(tuple).isin([("recv", "send"), ("irecv", "isend")]).all()
+    assert len(sides) == 8
+    assert sorted(map(tuple, trace.groups["ranks"])) == [(0, 1), (0, 1)]
+
+
+def test_fsdp2_all_gathers_and_reduce_scatters(run_job) -> None:
+    trace = dtprof.load_trace(run_job("fsdp2", 2, "--steps", "4", "--fingerprint-every", "2"))
+    coll = trace.collectives
+    assert {"all_gather_into_tensor", "reduce_scatter_tensor"} <= set(coll["op"])
+    ops = coll.pivot_table(index=["group", "seq"], columns="rank", values="op", aggfunc="first")
+    assert ops.notna().all().all() and (ops[0] == ops[1]).all()
+    assert trace.steps.groupby("rank").size().tolist() == [4, 4]
+    assert set(trace.ranks["model_kind"]) == {"fsdp2"}
+    assert len(trace.fingerprints) > 0
+
+
+def test_pipeline_actions_per_stage_and_microbatch(run_job) -> None:
+    trace = dtprof.load_trace(
+        run_job("pipeline", 2, "--schedule", "1f1b", "--microbatches", "4", "--steps", "3")
+    )
+    actions = trace.spans[trace.spans["kind"] == "pipeline"]
+    per = actions.groupby(["rank", "step", "stage", "name"])["microbatch"].apply(sorted)
+    assert len(per) == 2 * 3 * 2
+    assert all(mbs == [0, 1, 2, 3] for mbs in per)
+    assert (actions["rank"] == actions["stage"]).all()
+    meta = trace.meta[1]["pipeline"]
+    assert (meta["schedule"], meta["stages"], meta["microbatches"]) == ("Schedule1F1B", 2, 4)
+    p2p = trace.collectives[trace.collectives["peer"].notna()]
+    assert len(p2p) >= 2 * 3 * 4 * 2  # activations forward and gradients back, both sides

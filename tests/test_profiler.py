@@ -1,0 +1,190 @@
+"""profile() in one process: steps, phases, regions, scalars, fingerprints, failures, switches."""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import dtprof
+from dtprof.jobs.launch import free_port
+from dtprof.record.profiler import NullProfiler
+from dtprof.record.writer import DtprofWarning
+
+
+@pytest.fixture
+def fake_clock(monkeypatch: pytest.MonkeyPatch) -> itertools.count:
+    """Every clock read advances 1000 ns: spans get exact, predictable bounds."""
+    ticks = itertools.count(0, 1000)
+    clock = lambda: next(ticks)  # noqa: E731
+    for module in ("profiler", "phases", "comms", "pipeline"):
+        monkeypatch.setattr(f"dtprof.record.{module}.now_ns", clock)
+    return ticks
+
+
+def _train(prof, model, opt, steps: int = 3) -> None:
+    for step in range(steps):
+        with prof.region("data"):
+            x = torch.randn(4, 8)
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        prof.log(loss=loss, lr=0.1, step_plus_one=torch.tensor(step + 1))
+        prof.step()
+
+
+def test_regions_nest_and_close_even_when_their_block_raises(tmp_path: Path, fake_clock) -> None:
+    with dtprof.profile(tmp_path, clock_sync=False) as prof:
+        with prof.region("outer"), pytest.raises(KeyError), prof.region("inner"):
+            raise KeyError("boom")
+        prof.step()
+    spans = dtprof.load_trace(tmp_path).spans
+    rows = spans[["name", "depth", "start_ns", "end_ns"]].to_dict("records")
+    inner, outer = rows
+    assert (inner["name"], inner["depth"], outer["name"], outer["depth"]) == (
+        "inner",
+        1,
+        "outer",
+        0,
+    )
+    assert outer["start_ns"] < inner["start_ns"] < inner["end_ns"] < outer["end_ns"]
+    assert inner["end_ns"] - inner["start_ns"] == 1000  # exactly one clock read apart
+
+
+def test_steps_phases_scalars_and_fingerprints(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with dtprof.profile(tmp_path, model=model, optimizer=opt, fingerprint_every=2) as prof:
+        _train(prof, model, opt)
+    trace = dtprof.load_trace(tmp_path)
+    assert list(trace.steps["step"]) == [0, 1, 2]
+    phases = trace.spans[trace.spans["kind"] == "phase"]
+    assert (
+        phases.groupby("step")["name"].apply(list).tolist()
+        == [["data", "forward", "backward", "optimizer"]] * 3
+    )
+    for step, rows in phases.groupby("step"):
+        t = rows.set_index("name")
+        assert t.loc["data", "end_ns"] == t.loc["forward", "start_ns"]
+        assert t.loc["forward", "end_ns"] <= t.loc["backward", "start_ns"]
+        assert t.loc["backward", "end_ns"] <= t.loc["optimizer", "start_ns"]
+        step_row = trace.steps[trace.steps["step"] == step].iloc[0]
+        assert step_row["start_ns"] <= rows["start_ns"].min()
+        assert rows["end_ns"].max() <= step_row["end_ns"]
+    scalars = trace.scalars.pivot(index="step", columns="name", values="value")
+    assert list(scalars["step_plus_one"]) == [1.0, 2.0, 3.0]
+    assert list(scalars["lr"]) == [0.1] * 3
+    fps = trace.fingerprints
+    assert sorted(fps["step"].unique()) == [0, 2]
+    weight = model[0].weight.detach().double()
+    last = fps[(fps["step"] == 2) & (fps["tensor"] == "0.weight")].iloc[0]
+    assert last["sum"] == pytest.approx(weight.sum().item(), rel=1e-12)
+    assert last["sumsq"] == pytest.approx(weight.pow(2).sum().item(), rel=1e-12)
+    samples = trace.samples
+    assert set(samples["metric"]) == {"rss_bytes"} and (samples["value"] > 1e6).all()
+    meta = trace.meta[0]
+    assert meta["status"] == "finished" and meta["steps"] == 3
+    assert meta["nvml"]["available"] is False and meta["nvml"]["reason"]
+
+
+def test_non_finite_scalars_are_kept(tmp_path: Path) -> None:
+    with dtprof.profile(tmp_path, clock_sync=False) as prof:
+        prof.log(loss=float("nan"), gnorm=torch.tensor(float("inf")))
+        prof.step()
+    values = dtprof.load_trace(tmp_path).scalars.set_index("name")["value"]
+    assert values.isna()["loss"] and values["gnorm"] == float("inf")
+
+
+def test_a_raising_hook_is_switched_off_with_one_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*args: object) -> list[object]:
+        raise ValueError("injected")
+
+    monkeypatch.setattr("dtprof.record.phases.tree_leaves", broken)
+    model = nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with dtprof.profile(tmp_path, model=model, optimizer=opt) as prof:
+            _train(prof, model, opt, steps=4)
+    ours = [str(w.message) for w in caught if w.category is DtprofWarning]
+    assert ours == [
+        "dtprof: the phases hook raised ValueError: injected; it is switched off "
+        "and training goes on"
+    ]
+    trace = dtprof.load_trace(tmp_path)
+    assert list(trace.steps["step"]) == [0, 1, 2, 3]  # training went on, steps still recorded
+    assert trace.meta[0]["disabled_hooks"] == ["phases"]
+    errors = trace.events[trace.events["kind"] == "hook-error"]
+    assert len(errors) == 1 and "injected" in errors.iloc[0]["detail"]
+    # the forward of step 0 was recorded before the failure; nothing of the phases after it
+    assert trace.spans[trace.spans["kind"] == "phase"]["step"].max() == 0
+
+
+def test_disabled_by_argument_or_environment_records_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prof = dtprof.profile(tmp_path / "a", enabled=False)
+    assert isinstance(prof, NullProfiler)
+    monkeypatch.setenv("DTPROF_DISABLE", "1")
+    with dtprof.profile(tmp_path / "b") as prof:
+        with prof.region("x"):
+            prof.log(loss=1.0)
+        prof.step()
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+@pytest.fixture
+def world_of_one():
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
+    )
+    yield
+    dist.destroy_process_group()
+
+
+def test_collectives_in_a_world_of_one_and_the_api_restored_after(
+    tmp_path: Path, world_of_one
+) -> None:
+    original = dist.all_reduce
+    with dtprof.profile(tmp_path) as prof:
+        assert dist.all_reduce is not original
+        t = torch.ones(16)
+        dist.all_reduce(t)
+        work = dist.all_reduce(t, async_op=True)
+        work.wait()
+        dist.broadcast(t, 0)
+        dist.barrier()
+        prof.step()
+    assert dist.all_reduce is original
+    assert dist.distributed_c10d.all_reduce is original
+    coll = dtprof.load_trace(tmp_path).collectives
+    assert list(coll["op"]) == ["all_reduce", "all_reduce", "broadcast", "barrier"]
+    assert list(coll["seq"]) == [0, 1, 2, 3]
+    assert list(coll["bytes"]) == [64, 64, 64, 0]
+    assert list(coll["async_op"]) == [False, True, False, False]
+    assert (coll["end_ns"] >= coll["start_ns"]).all()
+
+
+def test_a_second_profile_in_the_same_process_is_refused_not_fatal(
+    tmp_path: Path, world_of_one
+) -> None:
+    with dtprof.profile(tmp_path / "a") as outer:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with dtprof.profile(tmp_path / "b") as inner:
+                dist.barrier()
+                inner.step()
+        outer.step()
+    assert isinstance(inner, NullProfiler)
+    assert any("already recording" in str(w.message) for w in caught)
+    assert len(dtprof.load_trace(tmp_path / "a").collectives) == 1
+    assert not (tmp_path / "b").exists()

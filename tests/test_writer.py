@@ -1,0 +1,120 @@
+"""The writer's segments: live Arrow streams, sealing to Parquet, torn tails, failures."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from dtprof.record.writer import DtprofWarning, TraceWriter
+from dtprof.trace.reader import read_table
+from dtprof.trace.schema import STEPS
+
+
+def _steps(writer: TraceWriter, first: int, n: int) -> None:
+    for s in range(first, first + n):
+        writer.buffers["steps"].append((s, 1000 * s, 1000 * s + 500))
+
+
+def test_flush_appends_to_a_live_stream_readable_before_close(tmp_path: Path) -> None:
+    w = TraceWriter(tmp_path)
+    _steps(w, 0, 3)
+    w.flush()
+    _steps(w, 3, 2)
+    w.flush()
+    assert [p.name for p in (tmp_path / "steps").iterdir()] == ["_live-000000.arrows"]
+    assert read_table(tmp_path, STEPS).column("step").to_pylist() == [0, 1, 2, 3, 4]
+    assert w.batches_written == 2
+
+
+def test_close_seals_parquet_and_removes_the_stream(tmp_path: Path) -> None:
+    w = TraceWriter(tmp_path)
+    _steps(w, 0, 4)
+    w.close()
+    files = sorted(p.name for p in (tmp_path / "steps").iterdir())
+    assert files == ["part-000000.parquet"]
+    table = pq.read_table(tmp_path / "steps" / "part-000000.parquet")
+    assert table.schema.equals(STEPS.schema)
+    assert table.column("end_ns").to_pylist() == [500, 1500, 2500, 3500]
+
+
+def test_segments_roll_over_at_seal_rows(tmp_path: Path) -> None:
+    w = TraceWriter(tmp_path, seal_rows=3)
+    for first in (0, 3, 6):
+        _steps(w, first, 3)
+        w.flush()
+    _steps(w, 9, 1)
+    w.flush()
+    names = sorted(p.name for p in (tmp_path / "steps").iterdir())
+    assert names == [
+        "_live-000003.arrows",
+        "part-000000.parquet",
+        "part-000001.parquet",
+        "part-000002.parquet",
+    ]
+    assert read_table(tmp_path, STEPS).column("step").to_pylist() == list(range(10))
+
+
+def test_a_torn_last_batch_is_dropped_and_the_rest_kept(tmp_path: Path) -> None:
+    w = TraceWriter(tmp_path)
+    _steps(w, 0, 3)
+    w.flush()
+    _steps(w, 3, 3)
+    w.flush()
+    live = tmp_path / "steps" / "_live-000000.arrows"
+    data = live.read_bytes()
+    live.write_bytes(data[:-40])  # a SIGKILL in the middle of the second batch
+    assert read_table(tmp_path, STEPS).column("step").to_pylist() == [0, 1, 2]
+
+
+def test_a_sealed_part_wins_over_a_stream_left_by_a_crash_mid_seal(tmp_path: Path) -> None:
+    w = TraceWriter(tmp_path)
+    _steps(w, 0, 2)
+    w.flush()
+    live = tmp_path / "steps" / "_live-000000.arrows"
+    leftover = live.read_bytes()
+    w.close()
+    live.write_bytes(leftover)  # the crash happened after the rename, before the unlink
+    assert read_table(tmp_path, STEPS).column("step").to_pylist() == [0, 1]
+
+
+def test_a_write_failure_stops_recording_once_without_raising(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    failures: list[BaseException] = []
+    w = TraceWriter(tmp_path, on_failure=failures.append)
+    _steps(w, 0, 2)
+    w.flush()
+
+    def disk_full(self: object, batch: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("dtprof.record.writer._Segment.append", disk_full)
+    _steps(w, 2, 2)
+    w.flush()
+    _steps(w, 4, 2)
+    w.flush()
+    assert len(failures) == 1 and "No space left" in str(failures[0])
+    assert w.failed and not w.buffers["steps"]
+    assert read_table(tmp_path, STEPS).column("step").to_pylist() == [0, 1]
+
+
+def test_without_a_failure_callback_a_failure_is_one_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    w = TraceWriter(tmp_path)
+    monkeypatch.setattr(
+        "dtprof.record.writer._Segment.append",
+        lambda self, batch: (_ for _ in ()).throw(OSError("disk gone")),
+    )
+    _steps(w, 0, 1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        w.flush()
+        _steps(w, 1, 1)
+        w.flush()
+    assert [str(c.message) for c in caught if c.category is DtprofWarning] == [
+        "dtprof: trace writing stopped: disk gone"
+    ]
