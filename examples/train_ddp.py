@@ -19,6 +19,14 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import dtprof
 
 
+def burn(seconds: float) -> None:
+    """Busy compute for about ``seconds``."""
+    a = torch.randn(64, 64)
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        a = torch.tanh(a @ a)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--trace", default="runs/demo")
@@ -48,7 +56,7 @@ def main() -> None:
                 y = torch.randint(0, 16, (64,), generator=gen)
             if rank == args.slow_rank:
                 with prof.region("slow-device"):
-                    time.sleep(0.004)  # stands for a slower GPU
+                    burn(0.004)  # extra compute: stands for a slower GPU
             loss = loss_fn(model(x), y)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv with dtprof installed in it. Torch is installed only if the environment has none:
 # TORCH_SPEC (default torch==2.13.0) picks the build; users with their own torch keep it.
+# DTPROF_EXTRAS=test adds the test tools. pip's output goes to .venv/setup.log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -9,11 +10,20 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 . .venv/bin/activate
-python -m pip install -q --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
+log=.venv/setup.log
+pip_install() {
+  if ! python -m pip install --disable-pip-version-check "$@" >>"$log" 2>&1; then
+    tail -n 30 "$log" >&2
+    echo "setup: pip install $* failed; the whole log is in $log" >&2
+    exit 1
+  fi
+}
+: >"$log"
 if ! python -c "import torch" 2>/dev/null; then
   echo "setup: installing ${TORCH_SPEC:-torch==2.13.0}"
-  python -m pip install -q "${TORCH_SPEC:-torch==2.13.0}" 2>&1 | grep -v "^WARNING: Location" || true
+  pip_install "${TORCH_SPEC:-torch==2.13.0}"
 fi
 extras=${DTPROF_EXTRAS:-}
-python -m pip install -q -e ".${extras:+[$extras]}" 2>&1 | grep -v "^WARNING: Location" || true
+echo "setup: installing dtprof${extras:+[$extras]} (editable)"
+pip_install -e ".${extras:+[$extras]}"
 python -c "import torch, dtprof; print(f'setup: dtprof {dtprof.__version__}, torch {torch.__version__}')"

@@ -174,6 +174,34 @@ def test_collectives_in_a_world_of_one_and_the_api_restored_after(
     assert (coll["end_ns"] >= coll["start_ns"]).all()
 
 
+def test_every_collective_of_the_api_is_wrapped(tmp_path: Path, world_of_one) -> None:
+    t = torch.ones(4)
+    calls = {
+        "all_reduce": lambda: dist.all_reduce(t),
+        "all_reduce_coalesced": lambda: dist.all_reduce_coalesced([t, t.clone()]),
+        "all_gather": lambda: dist.all_gather([torch.empty(4)], t),
+        "all_gather_into_tensor": lambda: dist.all_gather_into_tensor(torch.empty(4), t),
+        "reduce_scatter": lambda: dist.reduce_scatter(torch.empty(4), [t]),
+        "reduce_scatter_tensor": lambda: dist.reduce_scatter_tensor(torch.empty(4), t),
+        "broadcast": lambda: dist.broadcast(t, 0),
+        "reduce": lambda: dist.reduce(t, 0),
+        "all_to_all": lambda: dist.all_to_all([torch.empty(4)], [t]),
+        "all_to_all_single": lambda: dist.all_to_all_single(torch.empty(4), t),
+        "barrier": lambda: dist.barrier(),
+        "monitored_barrier": lambda: dist.monitored_barrier(),
+        "gather": lambda: dist.gather(t, [torch.empty(4)], 0),
+        "scatter": lambda: dist.scatter(t, [torch.ones(4)], 0),
+    }
+    with dtprof.profile(tmp_path) as prof:
+        for call in calls.values():
+            call()
+        prof.step()
+    coll = dtprof.load_trace(tmp_path).collectives
+    assert list(coll["op"]) == list(calls)
+    assert list(coll["seq"]) == list(range(len(calls)))
+    assert coll["label"].isna().all()  # none failed
+
+
 def test_a_second_profile_in_the_same_process_is_refused_not_fatal(
     tmp_path: Path, world_of_one
 ) -> None:
