@@ -38,6 +38,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DtprofError as exc:
         print(f"dtprof: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # e.g. `dtprof info trace | head`
+        sys.stderr.close()
+        return 0
     except KeyboardInterrupt:
         print("dtprof: interrupted", file=sys.stderr)
         return 130

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 ROUNDS = 8
-EXIT_TIMEOUT_S = 30.0
+EXIT_TIMEOUT_S = 10.0
 
 _group: Any = None
 
@@ -29,17 +29,24 @@ def _wall_ns(base: int) -> int:
 def start(world_size: int) -> dict[str, Any]:
     """Anchor the monotonic clock to the wall clock and measure the offset to rank 0."""
     base = time.time_ns() - time.perf_counter_ns()
-    info: dict[str, Any] = {"mono_to_wall_ns": base, "method": "none"}
+    info: dict[str, Any] = {
+        "mono_to_wall_ns": base,
+        "method": "none",
+        "start": {"mono_ns": time.perf_counter_ns(), "offset_ns": 0, "error_ns": 0},
+    }
     if world_size > 1:
         global _group
+        # new_group waits for every rank, so the exchange right after it starts together
         _group = dist.new_group(backend="gloo", timeout=timedelta(seconds=EXIT_TIMEOUT_S))
-        at, offset, error = _measure(base)
+        try:
+            at, offset, error = _measure(base)
+        except Exception as exc:  # times stay on this host's wall clock
+            info["method"] = f"failed: {str(exc).splitlines()[0] if str(exc) else exc!r}"
+            return info
         info.update(
             method="ping-pong with rank 0 over gloo",
             start={"mono_ns": at, "offset_ns": offset, "error_ns": error},
         )
-    else:
-        info["start"] = {"mono_ns": time.perf_counter_ns(), "offset_ns": 0, "error_ns": 0}
     return info
 
 
@@ -57,16 +64,16 @@ def finish(info: dict[str, Any], world_size: int) -> dict[str, Any]:
 
 
 def _measure(base: int) -> tuple[int, int, int]:
-    """(local mono time of the estimate, offset to rank 0 in ns, error bound in ns)."""
+    """(local mono time of the round used, offset to rank 0 in ns, error bound in ns)."""
     group = _group
     rank = dist.get_rank()
     world = dist.get_world_size()
     rounds = max(3, min(ROUNDS, 4000 // max(world, 1)))
-    buf = torch.zeros(2, dtype=torch.int64)
+    buf = torch.zeros(3, dtype=torch.int64)
     if rank == 0:
         for peer in range(1, world):
-            best: tuple[int, int] | None = None  # (rtt, offset)
-            for _ in range(rounds):
+            best: tuple[int, int, int] | None = None  # (rtt, offset, round)
+            for i in range(rounds):
                 t0 = _wall_ns(base)
                 group.send([buf], peer, 0).wait()
                 group.recv([buf], peer, 0).wait()
@@ -74,14 +81,16 @@ def _measure(base: int) -> tuple[int, int, int]:
                 rtt = t1 - t0
                 offset = int(buf[0]) - (t0 + t1) // 2
                 if best is None or rtt < best[0]:
-                    best = (rtt, offset)
+                    best = (rtt, offset, i)
             assert best is not None
-            buf[0], buf[1] = best[1], best[0] // 2
+            buf[0], buf[1], buf[2] = best[1], best[0] // 2, best[2]
             group.send([buf], peer, 0).wait()
         return time.perf_counter_ns(), 0, 0
+    stamps = []
     for _ in range(rounds):
         group.recv([buf], 0, 0).wait()
-        buf[0] = _wall_ns(base)
+        stamps.append(time.perf_counter_ns())
+        buf[0] = stamps[-1] + base
         group.send([buf], 0, 0).wait()
     group.recv([buf], 0, 0).wait()
-    return time.perf_counter_ns(), int(buf[0]), int(buf[1])
+    return stamps[int(buf[2])], int(buf[0]), int(buf[1])

@@ -31,7 +31,8 @@ def sample_step(prof: Profiler, step: int, ts_ns: int) -> None:
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         out.append((step, ts_ns, "cuda_allocated_bytes", float(torch.cuda.memory_allocated())))
         out.append((step, ts_ns, "cuda_reserved_bytes", float(torch.cuda.memory_reserved())))
+        # the peak since start (or the user's last reset): resetting it here would break
+        # the user's own max_memory_allocated() readings
         out.append(
-            (step, ts_ns, "cuda_peak_allocated_bytes", float(torch.cuda.max_memory_allocated()))
+            (step, ts_ns, "cuda_max_allocated_bytes", float(torch.cuda.max_memory_allocated()))
         )
-        torch.cuda.reset_peak_memory_stats()

@@ -36,6 +36,7 @@ def profile(
     enabled: bool = True,
     gpu_sample_interval_s: float = 1.0,
     flush_interval_s: float = 0.5,
+    seal_interval_s: float = 300.0,
     clock_sync: bool = True,
 ) -> Profiler | NullProfiler:
     """Record this rank of a training job into ``trace_dir`` (one folder per rank).
@@ -44,8 +45,9 @@ def profile(
     buckets); ``pipeline`` is a torch.distributed.pipelining schedule whose actions are
     recorded; ``fingerprint_every`` records parameter fingerprints every N steps (0: off);
     ``hang_timeout_s`` records a collective in flight longer than that, with every thread's
-    stack. ``enabled=False`` or the environment variable ``DTPROF_DISABLE=1`` makes every call
-    a no-op.
+    stack. Buffers reach the disk every ``flush_interval_s``; the open segment of each table
+    becomes a Parquet part every ``seal_interval_s`` and at exit. ``enabled=False`` or the
+    environment variable ``DTPROF_DISABLE=1`` makes every call a no-op.
     """
     if not enabled or os.environ.get("DTPROF_DISABLE", "") not in ("", "0"):
         return NullProfiler()
@@ -58,6 +60,7 @@ def profile(
         hang_timeout_s=hang_timeout_s,
         gpu_sample_interval_s=gpu_sample_interval_s,
         flush_interval_s=flush_interval_s,
+        seal_interval_s=seal_interval_s,
         clock_sync=clock_sync,
     )
 
@@ -129,6 +132,7 @@ class Profiler:
         hang_timeout_s: float | None,
         gpu_sample_interval_s: float,
         flush_interval_s: float,
+        seal_interval_s: float,
         clock_sync: bool,
     ) -> None:
         self.trace_dir = trace_dir
@@ -139,10 +143,13 @@ class Profiler:
         self.hang_timeout_s = hang_timeout_s
         self.gpu_sample_interval_s = gpu_sample_interval_s
         self.flush_interval_s = flush_interval_s
+        self.seal_interval_s = seal_interval_s
         self.clock_sync = clock_sync
         self.step_index = 0
         self.step_start_ns = 0
-        self.active = False
+        self.active = False  # hooks record (off again after exit or a writer failure)
+        self._entered = False  # __enter__ succeeded: __exit__ has work to do
+        self._off: set[str] = set()  # hooks switched off after they raised
         self._region_depth = 0
         self._removers: dict[str, list[Any]] = {}
         self._warned: set[str] = set()
@@ -173,7 +180,10 @@ class Profiler:
         self.folder = self.trace_dir / rank_dir_name(self.rank)
         self.folder.mkdir(parents=True, exist_ok=True)
         self.writer = TraceWriter(
-            self.folder, flush_interval_s=self.flush_interval_s, on_failure=self._writer_failed
+            self.folder,
+            flush_interval_s=self.flush_interval_s,
+            seal_interval_s=self.seal_interval_s,
+            on_failure=self._writer_failed,
         )
         buffers = self.writer.buffers
         self.steps, self.spans = buffers["steps"], buffers["spans"]
@@ -202,6 +212,7 @@ class Profiler:
                 "hang_timeout_s": self.hang_timeout_s,
                 "gpu_sample_interval_s": self.gpu_sample_interval_s,
                 "flush_interval_s": self.flush_interval_s,
+                "seal_interval_s": self.seal_interval_s,
             },
             "disabled_hooks": [],
         }
@@ -222,6 +233,7 @@ class Profiler:
         self.writer.add_tick_hook(self._tick)
         self.write_meta()
         self.active = True
+        self._entered = True
         self.writer.start()
         self.step_start_ns = now_ns()
         if hasattr(self, "phases"):
@@ -233,17 +245,23 @@ class Profiler:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if not self.active:
+        if not self._entered:
             return
+        self._entered = False
         self.active = False
         for name in list(self._removers):
             self._remove(name)
         try:
+            # every rank that leaves normally joins the exit exchange, even with recording
+            # stopped, so that no other rank waits for it
             if exc_type is None and self.clock_sync:
                 self.meta["clock"] = clock.finish(self.meta["clock"], self.world_size)
-            self.meta["status"] = "finished" if exc_type is None else f"raised {exc_type.__name__}"
             self.meta["ended_at"] = datetime.now(timezone.utc).isoformat()
             self.meta["steps"] = self.step_index
+            if self.writer.failed:
+                self.write_meta()
+                return
+            self.meta["status"] = "finished" if exc_type is None else f"raised {exc_type.__name__}"
             self._resolve_pending_scalars()
             self.writer.close()
             write_json_atomic(self.folder / INFLIGHT_FILE, self.comms.inflight_snapshot())
@@ -265,6 +283,15 @@ class Profiler:
             return
         step = self.step_index
         self.steps.append((step, self.step_start_ns, t))
+        if "step" not in self._off:
+            self._step_extras(step, t)
+        self.step_index = step + 1
+        self.step_start_ns = t
+        if "phases" in self._removers:
+            self.phases.data_from_ns = t
+
+    def _step_extras(self, step: int, t: int) -> None:
+        """Memory and, when due, fingerprints: what prof.step() records besides the step."""
         try:
             memory.sample_step(self, step, t)
             if (
@@ -275,10 +302,6 @@ class Profiler:
                 fingerprint.record(self, step)
         except Exception as exc:
             self.hook_failed("step", exc)
-        self.step_index = step + 1
-        self.step_start_ns = t
-        if "phases" in self._removers:
-            self.phases.data_from_ns = t
 
     def region(self, name: str) -> _Region | _NullRegion:
         """A named user region inside a step (nestable): ``with prof.region("data"):``."""
@@ -288,15 +311,16 @@ class Profiler:
 
     def log(self, **values: Any) -> None:
         """Record named scalars for this step: floats or 0-d tensors (read without a sync)."""
-        if not self.active:
+        if not self.active or "log" in self._off:
             return
         step = self.step_index
         try:
             for name, value in values.items():
                 if isinstance(value, torch.Tensor):
-                    value = value.detach()
                     if value.device.type != "cpu":
-                        self._pending_scalars.append((step, name, value))
+                        # an on-device copy, read later by the writer thread: no sync here,
+                        # and later in-place changes to the caller's tensor do not leak in
+                        self._pending_scalars.append((step, name, value.detach().clone()))
                         continue
                     value = value.item()
                 self.scalars.append((step, name, float(value)))
@@ -310,6 +334,8 @@ class Profiler:
 
     def _tick(self) -> None:
         """Writer-thread work before each flush: scalars, samplers, watchdog, in-flight file."""
+        if "writer-tick" in self._off:
+            return
         try:
             self._resolve_pending_scalars()
             self.gpu.maybe_sample()
@@ -337,6 +363,7 @@ class Profiler:
     def hook_failed(self, name: str, exc: BaseException) -> None:
         """A hook raised: switch it off, warn once, note it in the trace; training goes on."""
         try:
+            self._off.add(name)
             self._remove(name)
             if name not in self.meta.get("disabled_hooks", []):
                 self.meta.setdefault("disabled_hooks", []).append(name)
@@ -360,10 +387,14 @@ class Profiler:
             pass
 
     def _writer_failed(self, exc: BaseException) -> None:
+        """Writing failed (a full disk...): stop recording, say so once, keep what is written."""
         self._warn_once("writer", f"dtprof: trace writing stopped ({exc}); training goes on")
         self.active = False
         for name in list(self._removers):
             self._remove(name)
+        self.meta["status"] = f"recording stopped: {exc}"
+        with contextlib.suppress(OSError):  # the disk that failed may refuse this too
+            self.write_meta()
 
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:

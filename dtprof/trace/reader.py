@@ -108,8 +108,12 @@ def read_table(folder: Path, table: Table) -> pa.Table:
     for number in sorted(set(sealed) | set(live)):
         if number in sealed:  # a sealed part wins over a stream left by a crash mid-seal
             pieces.append(_read_parquet(sealed[number], table))
-        else:
-            pieces.append(_read_stream(live[number], table))
+            continue
+        stream = _read_stream(live[number], table)
+        if stream is None:  # sealed by the running job since the folder was listed
+            part = tdir / f"{SEALED_PREFIX}{number:06d}.parquet"
+            stream = _read_parquet(part, table) if part.exists() else table.schema.empty_table()
+        pieces.append(stream)
     if not pieces:
         return table.schema.empty_table()
     return pa.concat_tables(pieces)
@@ -130,8 +134,10 @@ def _read_parquet(path: Path, table: Table) -> pa.Table:
     return _conform(path, data, table)
 
 
-def _read_stream(path: Path, table: Table) -> pa.Table:
-    """Every complete record batch of an Arrow IPC stream; a torn last batch is dropped."""
+def _read_stream(path: Path, table: Table) -> pa.Table | None:
+    """Every complete record batch of an Arrow IPC stream; a torn last batch is dropped.
+
+    None when the stream is gone (sealed in the meantime)."""
     batches = []
     try:
         with pa.OSFile(str(path), "rb") as source:
@@ -143,6 +149,8 @@ def _read_stream(path: Path, table: Table) -> pa.Table:
                     break
                 except (OSError, pa.ArrowException):
                     break  # written up to a crash: keep what is whole
+    except FileNotFoundError:
+        return None
     except (OSError, pa.ArrowException):
         return table.schema.empty_table()  # killed before the stream's schema was written
     return _conform(path, pa.Table.from_batches(batches, schema=table.schema), table)
@@ -159,22 +167,44 @@ def _conform(path: Path, data: pa.Table, table: Table) -> pa.Table:
         raise DtprofError(f"{path}: column types do not match table {table.name} ({exc})") from None
 
 
+# inflight.json rows, as load_trace() returns them
+INFLIGHT_DTYPES = {
+    "rank": "int32",
+    "step": "int64",
+    "group": "str",
+    "seq": "int64",
+    "op": "str",
+    "bytes": "int64",
+    "dtype": "str",
+    "peer": "Int32",
+    "start_ns": "int64",
+    "async_op": "bool",
+    "label": "str",
+}
+
 # Columns that may be null (peer, stage, microbatch) stay integers rather than floats.
 _NULLABLE_INTS = {pa.int16(): pd.Int16Dtype(), pa.int32(): pd.Int32Dtype()}
 
 
 def clock_params(meta: dict[str, Any]) -> tuple[int, float, float, float]:
-    """(mono_to_wall_ns, offset at t0, t0, drift in ns per ns) for one rank."""
+    """(mono_to_wall_ns, offset at t0, t0, drift in ns per ns) for one rank.
+
+    Drift is applied only when the exit estimate differs from the start estimate by more than
+    their error bounds together; otherwise the estimate with the smaller error holds throughout.
+    """
     clock = meta.get("clock") or {}
     base = int(clock.get("mono_to_wall_ns", 0))
     start = clock.get("start") or {}
     end = clock.get("end") or {}
     off0 = float(start.get("offset_ns", 0))
     t0 = float(start.get("mono_ns", 0))
-    slope = 0.0
-    if end and float(end.get("mono_ns", t0)) > t0:
-        slope = (float(end["offset_ns"]) - off0) / (float(end["mono_ns"]) - t0)
-    return base, off0, t0, slope
+    if not end or float(end.get("mono_ns", t0)) <= t0:
+        return base, off0, t0, 0.0
+    off1, t1 = float(end["offset_ns"]), float(end["mono_ns"])
+    err0, err1 = float(start.get("error_ns", 0)), float(end.get("error_ns", 0))
+    if abs(off1 - off0) <= err0 + err1:
+        return base, (off0 if err0 <= err1 else off1), t0, 0.0
+    return base, off0, t0, (off1 - off0) / (t1 - t0)
 
 
 def _align(
@@ -185,16 +215,16 @@ def _align(
         return
     ranks = df["rank"].to_numpy()
     keys = np.array(sorted(params))
-    table = np.array([params[k] for k in keys], dtype=np.float64).reshape(-1, 4)
     idx = np.searchsorted(keys, ranks)
-    base = table[idx, 0].astype(np.int64)
-    off0, t0, slope = table[idx, 1], table[idx, 2], table[idx, 3]
+    # the wall-clock anchor (~1.8e18 ns) stays int64: float64 would round it to 256 ns
+    base = np.array([params[k][0] for k in keys], dtype=np.int64)[idx]
+    rest = np.array([params[k][1:] for k in keys], dtype=np.float64).reshape(-1, 3)[idx]
+    off0, t0, slope = rest[:, 0], rest[:, 1], rest[:, 2]
     for col in columns:
         raw = df[col].to_numpy(dtype=np.float64, na_value=np.nan)
         offset = off0 + slope * (raw - t0)
-        aligned = (
-            df[col].to_numpy(dtype="int64", na_value=0) + base - np.rint(offset).astype(np.int64)
-        )
+        local = df[col].to_numpy(dtype="int64", na_value=0)
+        aligned = local + base - np.rint(np.nan_to_num(offset)).astype(np.int64)
         if df[col].hasnans:
             df[col] = pd.array(np.where(np.isnan(raw), pd.NA, aligned), dtype="Int64")
         else:
@@ -256,25 +286,8 @@ def load_trace(path: str | os.PathLike[str], threads: int | None = None) -> Trac
         for (rank, _), (_, _, rows) in zip(rank_dirs, loaded, strict=True)
         for row in rows
     ]
-    inflight = pd.DataFrame(
-        inflight_rows,
-        columns=[
-            "rank",
-            "step",
-            "group",
-            "seq",
-            "op",
-            "bytes",
-            "dtype",
-            "peer",
-            "start_ns",
-            "async_op",
-            "label",
-        ],
-    )
-    if not inflight.empty:
-        inflight["start_ns"] = inflight["start_ns"].astype("int64")
-        _align(inflight, ["start_ns"], params)
+    inflight = pd.DataFrame(inflight_rows, columns=list(INFLIGHT_DTYPES)).astype(INFLIGHT_DTYPES)
+    _align(inflight, ["start_ns"], params)
 
     ranks = pd.DataFrame([_rank_row(meta) for meta in metas.values()])
     return Trace(path=root, ranks=ranks, inflight=inflight, meta=metas, **frames)

@@ -113,7 +113,12 @@ COLLECTIVES = Table(
             "p2p), equal on every rank for the same operation",
         ),
         Column("op", pa.string(), "all_reduce, all_gather_into_tensor, send, irecv, ..."),
-        Column("bytes", pa.int64(), "bytes this rank contributes (its input tensors)"),
+        Column(
+            "bytes",
+            pa.int64(),
+            "bytes of this rank's data argument: the input of reductions, gathers and sends, "
+            "the buffer of broadcast, recv, irecv and scatter",
+        ),
         Column("dtype", pa.string(), "element type of the first tensor, e.g. float32"),
         Column("peer", pa.int32(), "global rank of the other side (p2p only)"),
         _ns("start_ns", "when this rank entered the operation"),
@@ -175,7 +180,7 @@ EVENTS = Table(
     (
         _STEP,
         _ns("ts_ns", "when it happened"),
-        Column("kind", pa.string(), "hang, hook-error, recording-stopped, ..."),
+        Column("kind", pa.string(), "hang or hook-error"),
         Column("message", pa.string(), "one line for a person"),
         Column("detail", pa.string(), "JSON with the particulars (a hang's Python stacks, ...)"),
     ),
