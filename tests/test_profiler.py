@@ -129,6 +129,34 @@ def test_a_raising_hook_is_switched_off_with_one_warning(
     assert trace.spans[trace.spans["kind"] == "phase"]["step"].max() == 0
 
 
+def test_a_full_disk_stops_recording_with_one_warning_and_training_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with dtprof.profile(tmp_path, model=model, optimizer=opt, flush_interval_s=0.05) as prof:
+            _train(prof, model, opt, steps=2)
+            prof.writer.flush()  # two steps safely on disk
+
+            def disk_full(self: object, batch: object) -> None:
+                raise OSError(28, "No space left on device")
+
+            monkeypatch.setattr("dtprof.record.writer._Segment.append", disk_full)
+            _train(prof, model, opt, steps=3)
+            prof.writer.flush()
+            _train(prof, model, opt, steps=3)  # hooks are off now: nothing more is queued
+            assert not any(prof.writer.buffers.values())
+    ours = [str(w.message) for w in caught if w.category is DtprofWarning]
+    assert ours == [
+        "dtprof: trace writing stopped ([Errno 28] No space left on device); training goes on"
+    ]
+    trace = dtprof.load_trace(tmp_path)
+    assert list(trace.steps["step"]) == [0, 1]
+    assert trace.meta[0]["status"] == "recording stopped: [Errno 28] No space left on device"
+
+
 def test_disabled_by_argument_or_environment_records_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -33,6 +33,20 @@ def test_times_are_moved_onto_rank_zero_clock_with_drift(tmp_path: Path) -> None
     assert steps.loc[1, "end_ns"] == 2_000_000_000_000 + 1_000_000_000 - 7_000_000
 
 
+def test_an_exit_estimate_within_the_error_bounds_is_noise_not_drift(tmp_path: Path) -> None:
+    # start 5 ms +- 1 ms, end 5.5 ms +- 0.2 ms: the change is within the bounds, so no drift,
+    # and the better (end) estimate holds for the whole run
+    write_rank(tmp_path, rank_meta(0, 2), {"steps": [(0, 0, 10)]})
+    meta = rank_meta(1, 2, offset_ns=5_000_000, end=(1_000_000_000, 5_500_000))
+    meta["clock"]["start"]["error_ns"] = 1_000_000
+    meta["clock"]["end"]["error_ns"] = 200_000
+    write_rank(tmp_path, meta, {"steps": [(0, 0, 1_000_000_000)]})
+    trace = load_trace(tmp_path)
+    row = trace.steps.set_index("rank").loc[1]
+    assert (row["start_ns"], row["end_ns"]) == (-5_500_000, 1_000_000_000 - 5_500_000)
+    assert trace.ranks.set_index("rank").loc[1, "clock_drift_ppm"] == 0
+
+
 def test_ranks_table_and_nullable_integer_columns(tmp_path: Path) -> None:
     for rank in (0, 1):
         write_rank(
