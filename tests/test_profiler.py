@@ -66,6 +66,9 @@ def test_steps_phases_scalars_and_fingerprints(tmp_path: Path) -> None:
     trace = dtprof.load_trace(tmp_path)
     assert list(trace.steps["step"]) == [0, 1, 2]
     phases = trace.spans[trace.spans["kind"] == "phase"]
+    fingerprinting = phases[phases["name"] == "fingerprint"]
+    assert list(fingerprinting["step"]) == [0, 2]  # its own span, charged to no step's phases
+    phases = phases[phases["name"] != "fingerprint"]
     assert (
         phases.groupby("step")["name"].apply(list).tolist()
         == [["data", "forward", "backward", "optimizer"]] * 3
@@ -85,8 +88,8 @@ def test_steps_phases_scalars_and_fingerprints(tmp_path: Path) -> None:
     assert sorted(fps["step"].unique()) == [0, 2]
     weight = model[0].weight.detach().double()
     last = fps[(fps["step"] == 2) & (fps["tensor"] == "0.weight")].iloc[0]
-    assert last["sum"] == pytest.approx(weight.sum().item(), rel=1e-12)
-    assert last["sumsq"] == pytest.approx(weight.pow(2).sum().item(), rel=1e-12)
+    assert last["sum"] == pytest.approx(weight.sum().item(), rel=1e-6)
+    assert last["sumsq"] == pytest.approx(weight.pow(2).sum().item(), rel=1e-6)
     samples = trace.samples
     assert set(samples["metric"]) == {"rss_bytes"} and (samples["value"] > 1e6).all()
     meta = trace.meta[0]

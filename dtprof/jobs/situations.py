@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import time
 from collections.abc import Callable
@@ -18,8 +17,17 @@ import dtprof
 from dtprof.jobs import models
 
 
+def _mlp(args: argparse.Namespace) -> nn.Sequential:
+    per_row = args.device_ms / 1000 / args.batch
+    return models.mlp(args.width, args.depth, seed=args.seed, device_s_per_row=per_row)
+
+
 def _ddp(args: argparse.Namespace, **kwargs: object) -> tuple[nn.Module, torch.optim.Optimizer]:
-    model = DDP(models.mlp(args.width, args.depth), **kwargs)  # type: ignore[arg-type]
+    model = DDP(
+        _mlp(args),
+        bucket_cap_mb=args.bucket_mb,
+        **kwargs,  # type: ignore[arg-type]
+    )
     return model, torch.optim.SGD(model.parameters(), lr=0.05)
 
 
@@ -32,14 +40,17 @@ def healthy_ddp(args: argparse.Namespace) -> None:
 
 
 def straggler_ddp(args: argparse.Namespace) -> None:
-    """One rank's compute is ``--slow-fraction`` slower (busy extra compute in its forward)."""
+    """One rank's compute is ``--slow-fraction`` slower: a slower device with ``--device-ms``,
+    else busy extra compute in its forward."""
     from dtprof.jobs.worker import train_loop
 
     model, opt = _ddp(args)
     slowdown = None
     if dist.get_rank() == args.slow_rank:
-        slowdown = models.SlowDown(args.slow_fraction)
-        cast(nn.Module, model.module).register_forward_hook(slowdown)
+        slowed = models.scale_device_time(model, 1 + args.slow_fraction)
+        if not slowed:
+            slowdown = models.SlowDown(args.slow_fraction)
+            cast(nn.Module, model.module).register_forward_hook(slowdown)
     train_loop(args, model, opt, slowdown=slowdown)
 
 
@@ -80,7 +91,7 @@ def poor_overlap(args: argparse.Namespace) -> None:
     """No DDP: every gradient all-reduced one by one after backward, nothing overlaps."""
     from dtprof.jobs.worker import train_loop
 
-    model = models.mlp(args.width, args.depth)
+    model = _mlp(args)
     for p in model.parameters():
         dist.broadcast(p.data, 0)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -101,7 +112,7 @@ def fsdp2(args: argparse.Namespace) -> None:
 
     from dtprof.jobs.worker import train_loop
 
-    model = models.mlp(args.width, args.depth)
+    model = _mlp(args)
     for layer in model:
         if isinstance(layer, nn.Linear):
             fully_shard(layer)
@@ -116,16 +127,20 @@ def pipeline(args: argparse.Namespace) -> None:
 
     schedules = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
     rank, world = dist.get_rank(), dist.get_world_size()
-    torch.manual_seed(rank)
+    torch.manual_seed(1000 * args.seed + rank)
     width = args.width
-    block = nn.Sequential(*[m for _ in range(2) for m in (nn.Linear(width, width), nn.ReLU())])
+    # the whole model's device time, shared by its 2 * world hidden layers
+    per_row = args.device_ms / 1000 / args.batch / (2 * world)
+    block = nn.Sequential()
+    for _ in range(2):
+        block.extend([nn.Linear(width, width), *models.device_time(per_row), nn.ReLU()])
     if rank == world - 1:
         block.append(nn.Linear(width, 16))
     stage = PipelineStage(block, rank, world, torch.device("cpu"))
     loss_fn = nn.CrossEntropyLoss()
     schedule = schedules[args.schedule](stage, args.microbatches, loss_fn=loss_fn)
     opt = torch.optim.SGD(block.parameters(), lr=0.01)
-    data = models.Batches(0, args.batch, width)
+    data = models.Batches(0, args.batch, width, seed=args.seed)
     with dtprof.profile(args.trace, model=None, optimizer=opt, pipeline=schedule) as prof:
         for step in range(args.steps):
             x, y = data.get(step)
@@ -215,11 +230,9 @@ def skip_collective(args: argparse.Namespace) -> None:
 
 
 def until_killed(args: argparse.Namespace) -> None:
-    """DDP that trains until it is killed (for crash-safety tests); writes its pid file."""
+    """DDP that trains until it is killed (for crash-safety tests)."""
     from dtprof.jobs.worker import train_loop
 
-    with open(os.path.join(args.trace, f"pid-{dist.get_rank()}"), "w") as f:
-        f.write(str(os.getpid()))
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     model, opt = _ddp(args)
     train_loop(args, model, opt)

@@ -26,6 +26,14 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--width", type=int, default=256)
     p.add_argument("--depth", type=int, default=4)
     p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--seed", type=int, default=0, help="seeds the model and the data")
+    p.add_argument(
+        "--device-ms",
+        type=float,
+        default=0.0,
+        help="simulated accelerator time of a forward pass over one batch (backward: twice)",
+    )
+    p.add_argument("--bucket-mb", type=float, default=None, help="DDP bucket cap (default DDP's)")
     p.add_argument("--slow-rank", type=int, default=1)
     p.add_argument("--slow-fraction", type=float, default=0.3)
     p.add_argument("--stall-every", type=int, default=5)
@@ -67,7 +75,7 @@ def train_loop(
 ) -> None:
     """The common DDP-style loop: data region, forward, loss, backward, optimizer, log, step."""
     rank = dist.get_rank()
-    data = models.Batches(rank, args.batch, args.width)
+    data = models.Batches(rank, args.batch, args.width, seed=args.seed)
     loss_fn = nn.CrossEntropyLoss()
     with dtprof.profile(
         args.trace,

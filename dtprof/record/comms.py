@@ -134,6 +134,7 @@ class CommRecorder:
         self._seq: dict[Any, int] = {}
         self._no_future: set[str] = set()
         self._originals: list[tuple[Any, str, Any]] = []
+        self._all_reduce: tuple[Callable[..., Any], _Call] | None = None
 
     # -- installation
 
@@ -143,6 +144,8 @@ class CommRecorder:
             if original is None or not callable(original):
                 continue
             call = _Call(original, op, payload, peer)
+            if api_name == "all_reduce":
+                self._all_reduce = (original, call)
             wrapper = self._wrap(original, call)
             for module in (c10d, dist):
                 if getattr(module, api_name, None) is original:
@@ -279,6 +282,36 @@ class CommRecorder:
             label = f"{label};error" if label else "error"
         self.out.append((*record[:7], record[7], end, record[8], label))
 
+    def bucket_all_reduce(self, group: Any, bucket: Any) -> torch.futures.Future[torch.Tensor]:
+        """The body of ddp_bucket_hook while recording."""
+        assert self._all_reduce is not None
+        call = self._all_reduce[1]
+        group = group if group is not None else c10d._get_default_group()
+        tensor = bucket.buffer()
+        tensor.div_(group.size())
+        token = None
+        _tls.label = f"ddp.bucket{bucket.index()}"
+        try:
+            token = self._enter(call, (tensor,), {"group": group, "async_op": True})
+        except Exception as exc:
+            self.prof.hook_failed("collectives", exc)
+        finally:
+            _tls.label = None
+        # the process group's own allreduce: what dist.all_reduce ends in, minus its checks
+        future = group.allreduce([tensor]).get_future()
+        return future.then(partial(self._bucket_done, token))
+
+    def _bucket_done(self, token: int | None, future: Any) -> torch.Tensor:
+        try:
+            value = future.value()[0]
+        except Exception:
+            if token is not None:
+                self._complete(token, error=True)
+            raise
+        if token is not None:
+            self._complete(token)
+        return value
+
     def inflight_snapshot(self) -> list[dict[str, Any]]:
         """Operations entered and not completed, oldest first, for inflight.json."""
         fields = (
@@ -316,14 +349,15 @@ def install(prof: Profiler) -> CommRecorder:
 
 
 def ddp_bucket_hook(state: Any, bucket: Any) -> torch.futures.Future[torch.Tensor]:
-    """DDP comm hook with the stock allreduce semantics that labels each bucket's all-reduce."""
-    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    """DDP comm hook with the stock ``allreduce_hook`` semantics (divide by the group size,
+    all-reduce, return the bucket) that records each bucket's all-reduce, labelled
+    ``ddp.bucketN``, completing in the one callback DDP needs anyway."""
+    recorder = _active
+    if recorder is None or not recorder.enabled or recorder._all_reduce is None:
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-    _tls.label = f"ddp.bucket{bucket.index()}"
-    try:
         return allreduce_hook(state, bucket)
-    finally:
-        _tls.label = None
+    return recorder.bucket_all_reduce(state, bucket)
 
 
 # DDP checks the hook's annotations at registration; this module's are strings.

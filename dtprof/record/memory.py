@@ -13,11 +13,23 @@ if TYPE_CHECKING:
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
+class _Statm:
+    """/proc/self/statm kept open: one pread per reading instead of an open and a close."""
+
+    fd: int | None = None
+    pid = 0
+
+    @classmethod
+    def resident_pages(cls) -> int:
+        if cls.fd is None or cls.pid != os.getpid():  # /proc/self was resolved at open
+            cls.fd, cls.pid = os.open("/proc/self/statm", os.O_RDONLY), os.getpid()
+        return int(os.pread(cls.fd, 128, 0).split()[1])
+
+
 def rss_bytes() -> int:
     """Resident set size of this process (Linux /proc; resource's peak elsewhere)."""
     try:
-        with open("/proc/self/statm", "rb") as f:
-            return int(f.read().split()[1]) * _PAGE
+        return _Statm.resident_pages() * _PAGE
     except OSError:
         import resource
 

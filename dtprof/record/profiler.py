@@ -284,24 +284,27 @@ class Profiler:
         step = self.step_index
         self.steps.append((step, self.step_start_ns, t))
         if "step" not in self._off:
-            self._step_extras(step, t)
+            t = self._step_extras(step, t)
+        # the next step starts after dtprof's own per-step work, so that its time is charged
+        # to neither step (a fingerprint shows as its own span)
         self.step_index = step + 1
         self.step_start_ns = t
         if "phases" in self._removers:
             self.phases.data_from_ns = t
 
-    def _step_extras(self, step: int, t: int) -> None:
-        """Memory and, when due, fingerprints: what prof.step() records besides the step."""
+    def _step_extras(self, step: int, t: int) -> int:
+        """Memory and, when due, fingerprints; returns when this work ended."""
         try:
             memory.sample_step(self, step, t)
-            if (
-                self.fingerprint_every > 0
-                and step % self.fingerprint_every == 0
-                and (self.model is not None)
-            ):
+            due = self.fingerprint_every > 0 and step % self.fingerprint_every == 0
+            if due and self.model is not None:
                 fingerprint.record(self, step)
+                end = now_ns()
+                self.spans.append((step, "fingerprint", "phase", t, end, 0, None, None))
+                return end
         except Exception as exc:
             self.hook_failed("step", exc)
+        return now_ns()
 
     def region(self, name: str) -> _Region | _NullRegion:
         """A named user region inside a step (nestable): ``with prof.region("data"):``."""

@@ -97,6 +97,9 @@ class TraceWriter:
         self.batches_written = 0
         for name in TABLES:
             (folder / name).mkdir(parents=True, exist_ok=True)
+        # pyarrow imports pandas on its first conversion (~0.2 s holding the GIL): pay that
+        # now, before training, rather than on the writer thread in the middle of a step
+        _to_batch(TABLES["steps"], [(0, 0, 0)])
 
     def add_tick_hook(self, hook: Callable[[], None]) -> None:
         """Run ``hook`` on the writer thread before each flush (watchdog, samplers)."""

@@ -1,0 +1,445 @@
+"""Recording overhead: a gloo DDP job on CPU, bare vs dtprof vs torch.profiler.
+
+    python benchmarks/overhead.py [--steps 10] [--rounds 10] [--ranks 4] [--modes ...]
+
+One launch of N processes runs every mode in turn: ``--rounds`` rounds of ``--steps`` steps per
+mode, the order rotated each round, so the machine's drift falls on every mode alike. Each mode
+trains its own DDP replica of the same MLP (dtprof's comm hook stays on the model it was
+registered on). A step's wall time is the mean over ranks; its CPU time is that of the whole
+process (every thread, dtprof's writer included), the steadier figure where other jobs share
+the machine. The first step of each block is dropped. Then tiny synchronous collectives are
+timed with and without dtprof on all ranks, interleaved, and dtprof's wrapper against the
+function it wraps in one process on a one-rank group. Progress goes to stderr, the table to
+stdout; trace folders are temporary and removed at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+MODES = ("bare", "dtprof", "torch.profiler")
+# Variants that show where recording time goes, through the public API only:
+VARIANTS = {
+    "dtprof-nofp": "dtprof without fingerprints",
+    "dtprof-nomodel": "dtprof without model and optimizer: no phase hooks, no DDP comm hook",
+    "ddp-hook": "no recording; DDP with the stock Python allreduce comm hook (dtprof's is one)",
+}
+CLASSES = 16
+GOAL, NOISY_GOAL = 1.01, 1.03
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--steps", type=int, default=10, help="measured steps per mode and round")
+    p.add_argument("--rounds", type=int, default=10)
+    p.add_argument("--ranks", type=int, default=4)
+    p.add_argument(
+        "--modes",
+        default=",".join(MODES),
+        help="comma-separated; bare and dtprof always run. Variants:\n"
+        + "\n".join(f"  {name}: {doc}" for name, doc in VARIANTS.items()),
+    )
+    p.add_argument("--warmup", type=int, default=8, help="steps per mode before measuring")
+    p.add_argument("--width", type=int, default=512)
+    p.add_argument("--depth", type=int, default=4)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--fingerprint-every", type=int, default=10)
+    p.add_argument("--calls", type=int, default=200, help="collectives per block and round")
+    p.add_argument("--timeout-s", type=float, default=900, help="kill the job after this long")
+    p.add_argument("--fail-above", type=float, help="exit 1 if dtprof's ratio is above this")
+    p.add_argument("--worker", metavar="DIR", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    modes = ["bare", "dtprof", *(m.strip() for m in args.modes.split(",") if m.strip())]
+    unknown = sorted(set(modes) - set(MODES) - set(VARIANTS))
+    if unknown:
+        p.error(f"unknown modes: {', '.join(unknown)}")
+    args.modes = list(dict.fromkeys(modes))
+    return args
+
+
+# ------------------------------------------------------------------------------ one rank
+
+
+def worker(args: argparse.Namespace) -> None:
+    """One rank: measure everything, gather it on rank 0, which writes result.json."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=timedelta(seconds=120))
+    try:
+        root = Path(args.worker)
+        out = _measure(args, root)
+        rank0 = dist.get_rank() == 0
+        gathered: list[Any] = [None] * dist.get_world_size()
+        dist.gather_object(out, gathered if rank0 else None, dst=0)
+        if rank0:
+            (root / "result.json").write_text(json.dumps(gathered))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def _log(message: str) -> None:
+    import torch.distributed as dist
+
+    if dist.get_rank() == 0:
+        print(f"[overhead] {message}", file=sys.stderr, flush=True)
+
+
+def _measure(args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    rank, modes = dist.get_rank(), args.modes
+    replicas = {}
+    for mode in modes:  # one replica per mode: dtprof's DDP comm hook stays on its model
+        torch.manual_seed(0)
+        layers: list[nn.Module] = []
+        for _ in range(args.depth):
+            layers += [nn.Linear(args.width, args.width), nn.ReLU()]
+        model = DDP(nn.Sequential(*layers, nn.Linear(args.width, CLASSES)))
+        if mode == "ddp-hook":
+            model.register_comm_hook(None, allreduce_hook)
+        replicas[mode] = (model, torch.optim.SGD(model.parameters(), lr=0.01))
+    gen = torch.Generator().manual_seed(rank)
+
+    def block(mode: str, steps: int, name: str) -> tuple[list[int], list[int], Any]:
+        return _train(mode, *replicas[mode], gen, args, steps, root / name)
+
+    _log(f"warm-up: {args.warmup} steps per mode")
+    for mode in modes:
+        block(mode, args.warmup, f"warmup-{mode}")
+    wall: dict[str, list[list[int]]] = {mode: [] for mode in modes}
+    cpu: dict[str, list[list[int]]] = {mode: [] for mode in modes}
+    for r in range(args.rounds):
+        for mode in modes[r % len(modes) :] + modes[: r % len(modes)]:
+            w, c, _ = block(mode, args.steps + 1, f"round{r}-{mode}")
+            wall[mode].append(w[1:])
+            cpu[mode].append(c[1:])
+        medians = ", ".join(f"{m} {statistics.median(wall[m][-1]) / 1e6:.1f}" for m in modes)
+        _log(f"round {r + 1}/{args.rounds}, median ms on rank 0: {medians}")
+
+    long_steps = args.steps * args.rounds
+    _log(f"trace size: dtprof and torch.profiler blocks of {long_steps} steps")
+    block("dtprof", long_steps, "long-dtprof")
+    kineto_json = root / f"kineto-{rank}.json"
+    if "torch.profiler" in modes:
+        *_, kineto = block("torch.profiler", long_steps, "long-torch.profiler")
+        kineto.export_chrome_trace(str(kineto_json))
+    rank_dir = f"rank={rank:05d}"
+    sizes = {
+        "block_steps": args.steps + 1,
+        "block_bytes": _tree_bytes(root / "round0-dtprof" / rank_dir),
+        "long_steps": long_steps,
+        "long_parts": {
+            p.name: _tree_bytes(p) for p in sorted((root / "long-dtprof" / rank_dir).iterdir())
+        },
+        "kineto_json_bytes": kineto_json.stat().st_size if kineto_json.exists() else None,
+    }
+    _log(f"collectives: {args.calls} tiny sync all_reduces and barriers per block")
+    collectives = _collectives(args, root)
+    _log("dtprof's wrapper alone: one process, one-rank group")
+    alone = _wrapper_alone(root)
+    return {"wall": wall, "cpu": cpu, "sizes": sizes, "collectives": collectives, "alone": alone}
+
+
+def _train(
+    mode: str, model: Any, opt: Any, gen: Any, args: argparse.Namespace, steps: int, trace: Path
+) -> tuple[list[int], list[int], Any]:
+    """``steps`` training steps in ``mode``: each step's wall and CPU ns, and the profiler."""
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+
+    import dtprof
+
+    loss_fn = nn.CrossEntropyLoss()
+    ctx: Any = contextlib.nullcontext()
+    if mode.startswith("dtprof"):
+        ctx = dtprof.profile(
+            trace,
+            model=None if mode == "dtprof-nomodel" else model,
+            optimizer=None if mode == "dtprof-nomodel" else opt,
+            fingerprint_every=0 if mode == "dtprof-nofp" else args.fingerprint_every,
+            hang_timeout_s=60,
+        )
+    elif mode == "torch.profiler":
+        ctx = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+    recorded = mode.startswith("dtprof")
+    wall, cpu = [], []
+    dist.barrier()
+    with ctx as prof:
+        dist.barrier()  # every rank starts measuring together, after the profiler's start
+        last, last_cpu = time.perf_counter_ns(), time.process_time_ns()
+        for _ in range(steps):
+            with prof.region("data") if recorded else contextlib.nullcontext():
+                x = torch.randn(args.batch, args.width, generator=gen)
+                y = torch.randint(0, CLASSES, (args.batch,), generator=gen)
+            loss = loss_fn(model(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            if recorded:
+                prof.log(loss=loss)
+                prof.step()
+            elif mode == "torch.profiler":
+                prof.step()
+            now, now_cpu = time.perf_counter_ns(), time.process_time_ns()
+            wall.append(now - last)
+            cpu.append(now_cpu - last_cpu)
+            last, last_cpu = now, now_cpu
+    return wall, cpu, prof
+
+
+def _collectives(args: argparse.Namespace, root: Path) -> dict[str, dict[str, list[int]]]:
+    """Per-call ns of tiny sync all_reduces and barriers, without and with dtprof, interleaved."""
+    import torch
+    import torch.distributed as dist
+
+    import dtprof
+
+    tensor = torch.zeros(1)
+    ops = {"all_reduce": lambda: dist.all_reduce(tensor), "barrier": lambda: dist.barrier()}
+    out: dict[str, dict[str, list[int]]] = {op: {"bare": [], "dtprof": []} for op in ops}
+    for r in range(args.rounds + 1):  # round 0 is a warm-up
+        for mode in ("bare", "dtprof") if r % 2 else ("dtprof", "bare"):
+            ctx: Any = contextlib.nullcontext()
+            if mode == "dtprof":
+                ctx = dtprof.profile(root / f"collectives-{r}", hang_timeout_s=60)
+            with ctx:
+                for op, call in ops.items():
+                    dist.barrier()
+                    samples = []
+                    for _ in range(args.calls):
+                        t0 = time.perf_counter_ns()
+                        call()
+                        samples.append(time.perf_counter_ns() - t0)
+                    if r:
+                        out[op][mode] += samples
+    return out
+
+
+def _wrapper_alone(root: Path) -> dict[str, list[float]]:
+    """On rank 0 while the others wait: per-call ns of dtprof's wrapper minus the function it
+    wraps, on a one-rank gloo group, in alternating blocks of 300 calls."""
+    import torch
+    import torch.distributed as dist
+
+    import dtprof
+
+    rank = dist.get_rank()
+    groups = [dist.new_group([r]) for r in range(dist.get_world_size())]  # all ranks make all
+    own = groups[rank]
+    out: dict[str, list[float]] = {}
+    if rank == 0:
+        tensor = torch.zeros(1)
+        calls = {
+            "all_reduce": lambda f: f(tensor, group=own),
+            "all_reduce async, wait": lambda f: f(tensor, group=own, async_op=True).wait(),
+            "barrier": lambda f: f(group=own),
+        }
+        with dtprof.profile(root / "wrapper-alone", hang_timeout_s=60, clock_sync=False):
+            for name, call in calls.items():
+                wrapped = getattr(dist, name.split()[0])
+                original = wrapped.__wrapped__
+                diffs = []
+                for _ in range(30):
+                    per_call = []
+                    for fn in (wrapped, original):
+                        t0 = time.perf_counter_ns()
+                        for _ in range(300):
+                            call(fn)
+                        per_call.append((time.perf_counter_ns() - t0) / 300)
+                    diffs.append(per_call[0] - per_call[1])
+                out[name] = diffs
+    dist.barrier()
+    return out
+
+
+def _tree_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+# ------------------------------------------------------------------------------ the launcher
+
+
+def run_job(args: argparse.Namespace, root: Path) -> list[dict[str, Any]] | None:
+    """Start the ranks, relay rank 0's progress to stderr, wait; None if the job failed."""
+    from dtprof.jobs import launch
+
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", str(root)]
+    for name in ("steps", "rounds", "warmup", "width", "depth", "batch", "calls"):
+        cmd += [f"--{name}", str(getattr(args, name))]
+    cmd += ["--fingerprint-every", str(args.fingerprint_every), "--modes", ",".join(args.modes)]
+    logs = root / "logs"
+    procs = launch.start_command(cmd, args.ranks, logs, env={"DTPROF_DISABLE": "0"})
+    deadline = time.monotonic() + args.timeout_s
+    shown = 0
+    try:
+        while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+            if any(p.poll() not in (None, 0) for p in procs):
+                break
+            shown = _relay(logs / "rank-0.log", shown)
+            time.sleep(0.2)
+        codes = launch.wait(procs, max(1.0, min(30.0, deadline - time.monotonic())))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    _relay(logs / "rank-0.log", shown)
+    result = root / "result.json"
+    if any(codes) or not result.exists():
+        why = (
+            f"timed out after {args.timeout_s:.0f} s" if time.monotonic() >= deadline else "failed"
+        )
+        print(
+            f"overhead: the job {why}, exit codes {codes}; each rank's last lines:", file=sys.stderr
+        )
+        for log in sorted(logs.glob("rank-*.log")):
+            text = log.read_text(errors="replace").splitlines()
+            tail = [ln for ln in text if not ln.startswith(("USDT:", "[overhead]"))][-15:]
+            print(f"--- {log.name}", *tail, sep="\n", file=sys.stderr)
+        return None
+    return json.loads(result.read_text())
+
+
+def _relay(log: Path, shown: int) -> int:
+    """Copy rank 0's progress lines after byte ``shown`` to stderr; returns the new offset."""
+    if not log.exists():
+        return shown
+    data = log.read_bytes()
+    end = data.rfind(b"\n") + 1
+    if end <= shown:
+        return shown
+    for line in data[shown:end].decode(errors="replace").splitlines(keepends=True):
+        if line.startswith("[overhead]"):  # not the profilers' own chatter
+            sys.stderr.write(line)
+    sys.stderr.flush()
+    return end
+
+
+def _decile(values: list[float], k: int) -> float:
+    return statistics.quantiles(values, n=10, method="inclusive")[k - 1]
+
+
+def _per_step(ranks: list[dict[str, Any]], key: str, mode: str) -> list[list[float]]:
+    """Per round, each step's time in ms as the mean over ranks."""
+    rounds = zip(*(r[key][mode] for r in ranks), strict=True)
+    return [[sum(steps) / len(ranks) / 1e6 for steps in zip(*rnd, strict=True)] for rnd in rounds]
+
+
+def report(args: argparse.Namespace, ranks: list[dict[str, Any]]) -> tuple[str, float]:
+    """The table, and dtprof's per-round ratio of medians to bare."""
+    n, med = len(ranks), statistics.median
+    lines = [
+        f"{n} ranks, gloo, CPU, 1 thread each; MLP {args.depth}x{args.width}, batch {args.batch};"
+        f" {args.rounds} rounds x {args.steps} steps per mode, interleaved",
+        f"machine: {os.cpu_count()} CPUs, load average {args.load_before:.1f} before,"
+        f" {os.getloadavg()[0]:.1f} after (above the CPU count, timings are noisy)",
+        "",
+        f"{'mode':<16}{'median':>8}{'p90':>8}{'mean':>8}{'ratio':>8}  {'per-round ratio':<22}"
+        f"{'CPU':>7}{'ratio':>7}",
+        f"{'':<16}{'ms':>8}{'ms':>8}{'ms':>8}{'':>8}  {'median [min, max]':<22}{'mean':>7}",
+    ]
+    wall = {m: _per_step(ranks, "wall", m) for m in args.modes}
+    cpu = {m: _per_step(ranks, "cpu", m) for m in args.modes}
+    flat_bare = [t for rnd in wall["bare"] for t in rnd]
+    cpu_bare = statistics.mean([t for rnd in cpu["bare"] for t in rnd])
+    ratios, cpu_ratios = {}, {}
+    for mode in args.modes:
+        flat = [t for rnd in wall[mode] for t in rnd]
+        per_round = [med(w) / med(b) for w, b in zip(wall[mode], wall["bare"], strict=True)]
+        ratios[mode] = med(per_round)
+        mode_cpu = statistics.mean([t for rnd in cpu[mode] for t in rnd])
+        cpu_ratios[mode] = mode_cpu / cpu_bare
+        spread = f"{ratios[mode]:.3f} [{min(per_round):.2f}, {max(per_round):.2f}]"
+        lines.append(
+            f"{mode:<16}{med(flat):>8.2f}{_decile(flat, 9):>8.2f}{statistics.mean(flat):>8.2f}"
+            f"{med(flat) / med(flat_bare):>8.3f}  {spread:<22}{mode_cpu:>7.2f}"
+            f"{cpu_ratios[mode]:>7.3f}"
+        )
+    lines += [
+        "",
+        "cost per hooked collective (dtprof minus bare, per call; the 1-process figure is"
+        " the precise one, the N-rank one adds scheduling noise):",
+    ]
+    for op in ranks[0]["collectives"]:
+        bare = statistics.mean(med(r["collectives"][op]["bare"]) for r in ranks)
+        prof = statistics.mean(med(r["collectives"][op]["dtprof"]) for r in ranks)
+        lines.append(
+            f"  {op:<23} {n} ranks (noisy): median {bare / 1e3:6.1f} -> {prof / 1e3:6.1f} us"
+            f" = {(prof - bare) / 1e3:+6.1f} us"
+        )
+    for name, diffs in ranks[0]["alone"].items():
+        lines.append(
+            f"  {name:<23} the wrapper alone, 1 process: {med(diffs) / 1e3:+6.2f} us"
+            f" [p10 {_decile(diffs, 1) / 1e3:+.2f}, p90 {_decile(diffs, 9) / 1e3:+.2f}]"
+        )
+    sizes = [r["sizes"] for r in ranks]
+    parts = {k: statistics.mean(s["long_parts"][k] for s in sizes) for k in sizes[0]["long_parts"]}
+    long_b, block_b = sum(parts.values()), statistics.mean(s["block_bytes"] for s in sizes)
+    long_steps, block_steps = sizes[0]["long_steps"], sizes[0]["block_steps"]
+    biggest = sorted(parts.items(), key=lambda kv: -kv[1])[:4]
+    lines += [
+        "",
+        f"trace written per rank: {(long_b - block_b) / (long_steps - block_steps):,.0f} B per step"
+        f" ({long_steps} steps: {long_b / 1024:,.1f} KiB, {block_steps} steps:"
+        f" {block_b / 1024:,.1f} KiB)",
+        "  largest parts of the longer trace: "
+        + ", ".join(f"{name} {b / 1024:,.1f} KiB" for name, b in biggest),
+    ]
+    if sizes[0]["kineto_json_bytes"] is not None:
+        kineto = statistics.mean(s["kineto_json_bytes"] for s in sizes) / long_steps
+        lines.append(f"  torch.profiler's exported JSON: {kineto:,.0f} B per step per rank")
+    verdict = "met" if ratios["dtprof"] <= GOAL else "missed"
+    noisy = "met" if ratios["dtprof"] <= NOISY_GOAL else "missed"
+    lines += [
+        "",
+        f"dtprof per-round ratio {ratios['dtprof']:.3f}: goal <= {GOAL} {verdict}; "
+        f"<= {NOISY_GOAL} on a noisy machine {noisy} (CPU per step: {cpu_ratios['dtprof']:.3f})",
+    ]
+    return "\n".join(lines), ratios["dtprof"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    if args.worker:
+        worker(args)
+        return 0
+    if args.steps < 2 or args.rounds < 1 or args.ranks < 2:
+        print("overhead: need --steps >= 2, --rounds >= 1 and --ranks >= 2", file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so the ranks are killed too
+    args.load_before = os.getloadavg()[0]
+    root = Path(tempfile.mkdtemp(prefix="dtprof-overhead-"))
+    try:
+        ranks = run_job(args, root)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    if ranks is None:
+        return 1
+    table, ratio = report(args, ranks)
+    print(table)
+    return 1 if args.fail_above is not None and ratio > args.fail_above else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
