@@ -135,10 +135,13 @@ class CommRecorder:
         self._no_future: set[str] = set()
         self._originals: list[tuple[Any, str, Any]] = []
         self._all_reduce: tuple[Callable[..., Any], _Call] | None = None
+        self._default_group: Any = None
 
     # -- installation
 
     def install(self) -> None:
+        if dist.is_initialized():
+            self._default_group = c10d._get_default_group()
         for api_name, (op, payload, peer) in OPS.items():
             original = getattr(c10d, api_name, None)
             if original is None or not callable(original):
@@ -195,7 +198,7 @@ class CommRecorder:
 
     def group_name(self, group: Any) -> str:
         if group is None:
-            group = c10d._get_default_group()
+            group = self._default_group or c10d._get_default_group()
         name = self._group_names.get(group)
         if name is None:
             name = str(group.group_name)
