@@ -33,7 +33,9 @@ MODES = ("bare", "dtprof", "torch.profiler")
 VARIANTS = {
     "dtprof-nofp": "dtprof without fingerprints",
     "dtprof-nomodel": "dtprof without model and optimizer: no phase hooks, no DDP comm hook",
+    "dtprof-nobuckets": "dtprof with ddp_buckets=False: no DDP comm hook, every other hook on",
     "ddp-hook": "no recording; DDP with the stock Python allreduce comm hook (dtprof's is one)",
+    "bare-2": "no recording, a second replica: the noise floor between identical setups",
 }
 CLASSES = 16
 GOAL, NOISY_GOAL = 1.01, 1.03
@@ -178,6 +180,7 @@ def _train(
             model=None if mode == "dtprof-nomodel" else model,
             optimizer=None if mode == "dtprof-nomodel" else opt,
             fingerprint_every=0 if mode == "dtprof-nofp" else args.fingerprint_every,
+            ddp_buckets=mode != "dtprof-nobuckets",
             hang_timeout_s=60,
         )
     elif mode == "torch.profiler":

@@ -133,3 +133,24 @@ def test_pipeline_actions_per_stage_and_microbatch(run_job) -> None:
     assert (meta["schedule"], meta["stages"], meta["microbatches"]) == ("Schedule1F1B", 2, 4)
     p2p = trace.collectives[trace.collectives["peer"].notna()]
     assert len(p2p) >= 2 * 3 * 4 * 2  # activations forward and gradients back, both sides
+
+
+def test_zero_bubble_schedule_records_input_and_weight_gradients_per_virtual_stage(
+    run_job,
+) -> None:
+    trace = dtprof.load_trace(
+        run_job("pipeline", 2, "--schedule", "zb", "--microbatches", "4", "--steps", "2")
+    )
+    actions = trace.spans[trace.spans["kind"] == "pipeline"]
+    counts = actions.groupby(["rank", "stage", "name"]).size().unstack()
+    assert list(counts.columns) == ["backward_input", "backward_weight", "forward"]
+    assert (counts == 2 * 4).all().all()  # every microbatch of both steps, per virtual stage
+    assert counts.index.tolist() == [(0, 0), (0, 2), (1, 1), (1, 3)]
+    meta = trace.meta[0]["pipeline"]
+    assert meta["schedule"] == "ScheduleInterleavedZeroBubble"
+    assert (meta["stages"], meta["virtual_stages_per_rank"], meta["stage_indices"]) == (
+        4,
+        2,
+        [0, 2],
+    )
+    assert meta["actions"][:2] == ["0F0", "0F1"]

@@ -247,3 +247,18 @@ def test_a_second_profile_in_the_same_process_is_refused_not_fatal(
     assert any("already recording" in str(w.message) for w in caught)
     assert len(dtprof.load_trace(tmp_path / "a").collectives) == 1
     assert not (tmp_path / "b").exists()
+
+
+@pytest.mark.parametrize("ddp_buckets", [True, False])
+def test_ddp_buckets_are_recorded_through_the_comm_hook_unless_switched_off(
+    tmp_path: Path, world_of_one, ddp_buckets: bool
+) -> None:
+    model = nn.parallel.DistributedDataParallel(nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with dtprof.profile(tmp_path, model=model, optimizer=opt, ddp_buckets=ddp_buckets) as prof:
+        _train(prof, model, opt, steps=2)
+    trace = dtprof.load_trace(tmp_path)
+    labels = list(trace.collectives["label"])
+    assert labels == (["ddp.bucket0"] * 2 if ddp_buckets else [])
+    assert trace.meta[0]["config"]["ddp_buckets"] is ddp_buckets
+    assert len(trace.steps) == 2

@@ -6,7 +6,7 @@ import argparse
 import signal
 import time
 from collections.abc import Callable
-from typing import cast
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -122,36 +122,49 @@ def fsdp2(args: argparse.Namespace) -> None:
 
 
 def pipeline(args: argparse.Namespace) -> None:
-    """One pipeline stage per rank, run by ``--schedule`` with ``--microbatches``."""
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+    """A pipeline run by ``--schedule`` with ``--microbatches``: one stage per rank for gpipe
+    and 1f1b, two (looped placement) for interleaved and zero-bubble."""
+    from torch.distributed import pipelining as pp
 
-    schedules = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+    single = {"gpipe": pp.ScheduleGPipe, "1f1b": pp.Schedule1F1B}
+    multi = {"interleaved": pp.ScheduleInterleaved1F1B, "zb": pp.ScheduleInterleavedZeroBubble}
     rank, world = dist.get_rank(), dist.get_world_size()
-    torch.manual_seed(1000 * args.seed + rank)
+    per_rank = 1 if args.schedule in single else 2
+    n_stages = per_rank * world
     width = args.width
-    # the whole model's device time, shared by its 2 * world hidden layers
-    per_row = args.device_ms / 1000 / args.batch / (2 * world)
-    block = nn.Sequential()
-    for _ in range(2):
-        block.extend([nn.Linear(width, width), *models.device_time(per_row), nn.ReLU()])
-    if rank == world - 1:
-        block.append(nn.Linear(width, 16))
-    stage = PipelineStage(block, rank, world, torch.device("cpu"))
+    # the whole model's device time, shared by its 2 * n_stages hidden layers
+    per_row = args.device_ms / 1000 / args.batch / (2 * n_stages)
+    stages: list[Any] = []
+    params: list[nn.Parameter] = []
+    for index in range(rank, n_stages, world):
+        torch.manual_seed(1000 * args.seed + index)
+        block = nn.Sequential()
+        for _ in range(2):
+            block.extend([nn.Linear(width, width), *models.device_time(per_row), nn.ReLU()])
+        if index == n_stages - 1:
+            block.append(nn.Linear(width, 16))
+        stages.append(pp.PipelineStage(block, index, n_stages, torch.device("cpu")))
+        params += list(block.parameters())
     loss_fn = nn.CrossEntropyLoss()
-    schedule = schedules[args.schedule](stage, args.microbatches, loss_fn=loss_fn)
-    opt = torch.optim.SGD(block.parameters(), lr=0.01)
+    schedule: Any
+    if args.schedule in single:
+        schedule = single[args.schedule](stages[0], args.microbatches, loss_fn=loss_fn)
+    else:
+        schedule = multi[args.schedule](stages, args.microbatches, loss_fn=loss_fn)
+    opt = torch.optim.SGD(params, lr=0.01)
     data = models.Batches(0, args.batch, width, seed=args.seed)
+    has_first = any(s.stage_index == 0 for s in stages)
+    has_last = any(s.stage_index == n_stages - 1 for s in stages)
     with dtprof.profile(args.trace, model=None, optimizer=opt, pipeline=schedule) as prof:
         for step in range(args.steps):
             x, y = data.get(step)
             opt.zero_grad(set_to_none=True)
             losses: list[torch.Tensor] = []
-            if rank == 0:
-                schedule.step(x)
-            elif rank == world - 1:
-                schedule.step(target=y, losses=losses)
+            inputs = (x,) if has_first else ()
+            if has_last:
+                schedule.step(*inputs, target=y, losses=losses)
             else:
-                schedule.step()
+                schedule.step(*inputs)
             opt.step()
             if losses:
                 prof.log(loss=torch.stack(losses).mean())

@@ -50,7 +50,7 @@ class PhaseHooks:
         if model is not None:
             self._handles.append(model.register_forward_pre_hook(self._forward_pre))
             self._handles.append(model.register_forward_hook(self._forward_post))
-            if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            if isinstance(model, torch.nn.parallel.DistributedDataParallel) and prof.ddp_buckets:
                 self._register_ddp_hook(model)
         if optimizer is not None:
             self._handles.append(optimizer.register_step_pre_hook(self._optimizer_pre))

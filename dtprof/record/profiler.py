@@ -33,6 +33,7 @@ def profile(
     pipeline: Any = None,
     fingerprint_every: int = 0,
     hang_timeout_s: float | None = None,
+    ddp_buckets: bool = True,
     enabled: bool = True,
     gpu_sample_interval_s: float = 1.0,
     flush_interval_s: float = 0.5,
@@ -45,9 +46,11 @@ def profile(
     buckets); ``pipeline`` is a torch.distributed.pipelining schedule whose actions are
     recorded; ``fingerprint_every`` records parameter fingerprints every N steps (0: off);
     ``hang_timeout_s`` records a collective in flight longer than that, with every thread's
-    stack. Buffers reach the disk every ``flush_interval_s``; the open segment of each table
-    becomes a Parquet part every ``seal_interval_s`` and at exit. ``enabled=False`` or the
-    environment variable ``DTPROF_DISABLE=1`` makes every call a no-op.
+    stack. ``ddp_buckets`` records a DDP model's gradient buckets through a comm hook with the
+    stock all-reduce semantics (on CPU/gloo any comm hook costs a pass over the gradients,
+    which DDP otherwise fuses into its copy). Buffers reach the disk every ``flush_interval_s``;
+    the open segment of each table becomes a Parquet part every ``seal_interval_s`` and at exit.
+    ``enabled=False`` or the environment variable ``DTPROF_DISABLE=1`` makes every call a no-op.
     """
     if not enabled or os.environ.get("DTPROF_DISABLE", "") not in ("", "0"):
         return NullProfiler()
@@ -58,6 +61,7 @@ def profile(
         pipeline=pipeline,
         fingerprint_every=fingerprint_every,
         hang_timeout_s=hang_timeout_s,
+        ddp_buckets=ddp_buckets,
         gpu_sample_interval_s=gpu_sample_interval_s,
         flush_interval_s=flush_interval_s,
         seal_interval_s=seal_interval_s,
@@ -130,6 +134,7 @@ class Profiler:
         pipeline: Any,
         fingerprint_every: int,
         hang_timeout_s: float | None,
+        ddp_buckets: bool,
         gpu_sample_interval_s: float,
         flush_interval_s: float,
         seal_interval_s: float,
@@ -141,6 +146,7 @@ class Profiler:
         self.pipeline = pipeline
         self.fingerprint_every = int(fingerprint_every)
         self.hang_timeout_s = hang_timeout_s
+        self.ddp_buckets = ddp_buckets
         self.gpu_sample_interval_s = gpu_sample_interval_s
         self.flush_interval_s = flush_interval_s
         self.seal_interval_s = seal_interval_s
@@ -210,6 +216,7 @@ class Profiler:
             "config": {
                 "fingerprint_every": self.fingerprint_every,
                 "hang_timeout_s": self.hang_timeout_s,
+                "ddp_buckets": self.ddp_buckets,
                 "gpu_sample_interval_s": self.gpu_sample_interval_s,
                 "flush_interval_s": self.flush_interval_s,
                 "seal_interval_s": self.seal_interval_s,
