@@ -17,9 +17,22 @@ import torch
 import torch.distributed as dist
 
 ROUNDS = 8
-EXIT_TIMEOUT_S = 10.0
+START_TIMEOUT_S = 1800.0  # ranks may reach profile() minutes apart (data loading, compiles)
+EXIT_TIMEOUT_S = 10.0  # a rank that never comes must not hold the others long at exit
 
+# One side group per default process group, made on first use and kept: every profile() in the
+# process reuses it, so repeated profiling windows neither pile up gloo groups nor depend on
+# every rank agreeing to make a new one.
 _group: Any = None
+_parent: Any = None
+
+
+def _side_group() -> Any:
+    global _group, _parent
+    default = dist.distributed_c10d._get_default_group()
+    if _group is None or _parent is not default:
+        _group, _parent = dist.new_group(backend="gloo"), default
+    return _group
 
 
 def _wall_ns(base: int) -> int:
@@ -35,11 +48,8 @@ def start(world_size: int) -> dict[str, Any]:
         "start": {"mono_ns": time.perf_counter_ns(), "offset_ns": 0, "error_ns": 0},
     }
     if world_size > 1:
-        global _group
-        # new_group waits for every rank, so the exchange right after it starts together
-        _group = dist.new_group(backend="gloo", timeout=timedelta(seconds=EXIT_TIMEOUT_S))
         try:
-            at, offset, error = _measure(base)
+            at, offset, error = _measure(_side_group(), base, START_TIMEOUT_S)
         except Exception as exc:  # times stay on this host's wall clock
             info["method"] = f"failed: {str(exc).splitlines()[0] if str(exc) else exc!r}"
             return info
@@ -55,7 +65,7 @@ def finish(info: dict[str, Any], world_size: int) -> dict[str, Any]:
     if world_size <= 1 or _group is None:
         return info
     try:
-        at, offset, error = _measure(int(info["mono_to_wall_ns"]))
+        at, offset, error = _measure(_group, int(info["mono_to_wall_ns"]), EXIT_TIMEOUT_S)
     except Exception as exc:  # a rank gone or late: keep the start estimate
         info["end_error"] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         return info
@@ -63,9 +73,9 @@ def finish(info: dict[str, Any], world_size: int) -> dict[str, Any]:
     return info
 
 
-def _measure(base: int) -> tuple[int, int, int]:
+def _measure(group: Any, base: int, timeout_s: float) -> tuple[int, int, int]:
     """(local mono time of the round used, offset to rank 0 in ns, error bound in ns)."""
-    group = _group
+    timeout = timedelta(seconds=timeout_s)
     rank = dist.get_rank()
     world = dist.get_world_size()
     rounds = max(3, min(ROUNDS, 4000 // max(world, 1)))
@@ -75,8 +85,8 @@ def _measure(base: int) -> tuple[int, int, int]:
             best: tuple[int, int, int] | None = None  # (rtt, offset, round)
             for i in range(rounds):
                 t0 = _wall_ns(base)
-                group.send([buf], peer, 0).wait()
-                group.recv([buf], peer, 0).wait()
+                group.send([buf], peer, 0).wait(timeout)
+                group.recv([buf], peer, 0).wait(timeout)
                 t1 = _wall_ns(base)
                 rtt = t1 - t0
                 offset = int(buf[0]) - (t0 + t1) // 2
@@ -84,13 +94,13 @@ def _measure(base: int) -> tuple[int, int, int]:
                     best = (rtt, offset, i)
             assert best is not None
             buf[0], buf[1], buf[2] = best[1], best[0] // 2, best[2]
-            group.send([buf], peer, 0).wait()
+            group.send([buf], peer, 0).wait(timeout)
         return time.perf_counter_ns(), 0, 0
     stamps = []
     for _ in range(rounds):
-        group.recv([buf], 0, 0).wait()
+        group.recv([buf], 0, 0).wait(timeout)
         stamps.append(time.perf_counter_ns())
         buf[0] = stamps[-1] + base
-        group.send([buf], 0, 0).wait()
-    group.recv([buf], 0, 0).wait()
+        group.send([buf], 0, 0).wait(timeout)
+    group.recv([buf], 0, 0).wait(timeout)
     return stamps[int(buf[2])], int(buf[0]), int(buf[1])
