@@ -36,6 +36,7 @@ VARIANTS = {
     "dtprof-nobuckets": "dtprof with ddp_buckets=False: no DDP comm hook, every other hook on",
     "ddp-hook": "no recording; DDP with the stock Python allreduce comm hook (dtprof's is one)",
     "bare-2": "no recording, a second replica: the noise floor between identical setups",
+    "ddp-builtin-hook": "no recording; DDP with PyTorch's C++ builtin allreduce comm hook",
 }
 CLASSES = 16
 GOAL, NOISY_GOAL = 1.01, 1.03
@@ -119,6 +120,8 @@ def _measure(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         model = DDP(nn.Sequential(*layers, nn.Linear(args.width, CLASSES)))
         if mode == "ddp-hook":
             model.register_comm_hook(None, allreduce_hook)
+        elif mode == "ddp-builtin-hook":
+            model._register_builtin_comm_hook(dist.BuiltinCommHookType.ALLREDUCE)
         replicas[mode] = (model, torch.optim.SGD(model.parameters(), lr=0.01))
     gen = torch.Generator().manual_seed(rank)
 
