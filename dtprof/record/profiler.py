@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
 import sys
@@ -183,6 +184,9 @@ class Profiler:
             backend = str(dist.get_backend())
         else:
             self.rank, self.world_size, backend = 0, 1, "none"
+        # the exchange with rank 0 comes before anything that can fail on one host only (a
+        # full or read-only disk), so that no other rank is left waiting in it
+        clock_info = clock.start(self.world_size if self.clock_sync else 1)
         self.folder = self.trace_dir / rank_dir_name(self.rank)
         self.folder.mkdir(parents=True, exist_ok=True)
         self.writer = TraceWriter(
@@ -222,8 +226,8 @@ class Profiler:
                 "seal_interval_s": self.seal_interval_s,
             },
             "disabled_hooks": [],
+            "clock": clock_info,
         }
-        self.meta["clock"] = clock.start(self.world_size if self.clock_sync else 1)
         self.write_meta()
 
         self.comms = comms.install(self)
@@ -413,8 +417,6 @@ class Profiler:
 
 
 def _json(obj: Any) -> str:
-    import json
-
     return json.dumps(obj, default=str)
 
 
