@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
-__all__ = ["__version__", "load_trace", "profile"]
+__all__ = ["__version__", "analyze", "load_trace", "profile"]
 
 if TYPE_CHECKING:
+    from dtprof.analysis import analyze
     from dtprof.record.profiler import profile
     from dtprof.trace.reader import load_trace
 
@@ -18,6 +19,10 @@ def __getattr__(name: str) -> Any:
         from dtprof.record.profiler import profile
 
         return profile
+    if name == "analyze":
+        from dtprof.analysis import analyze
+
+        return analyze
     if name == "load_trace":
         from dtprof.trace.reader import load_trace
 

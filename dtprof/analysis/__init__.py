@@ -1,0 +1,117 @@
+"""Analysis: per-rank summaries, cross-rank checks, and the Report they make."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from dtprof.analysis.checks import CHECKS
+from dtprof.analysis.report import Finding, Report
+from dtprof.analysis.summarize import RunSummary, combine, summarize_rank
+from dtprof.errors import DtprofError
+from dtprof.trace.reader import find_rank_dirs
+
+__all__ = ["Finding", "Report", "analyze"]
+
+
+def analyze(
+    path: str | os.PathLike[str],
+    *,
+    steps: tuple[int | None, int | None] | None = None,
+    ranks: list[int] | None = None,
+    progress: bool = False,
+) -> Report:
+    """Analyse a trace directory: every check on every rank (or the chosen steps and ranks)."""
+    root = Path(path)
+    rank_dirs = find_rank_dirs(root)
+    if ranks is not None:
+        rank_dirs = [(r, d) for r, d in rank_dirs if r in set(ranks)]
+        if not rank_dirs:
+            raise DtprofError(f"{root}: none of the ranks {sorted(set(ranks))} is in this trace")
+    started = time.monotonic()
+    summaries = []
+    with ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 2) * 2)) as pool:
+        for i, summary in enumerate(pool.map(lambda rd: summarize_rank(rd[1]), rank_dirs), 1):
+            summaries.append(summary)
+            if (
+                progress
+                and time.monotonic() - started > 1.0
+                and (i % 64 == 0 or i == len(rank_dirs))
+            ):
+                print(f"dtprof: read {i}/{len(rank_dirs)} ranks", file=sys.stderr, flush=True)
+    run = _window(combine(summaries), steps)
+    findings = [finding for check in CHECKS for finding in check(run)]
+    return Report(trace=_trace_info(root, run), summary=_summary(run), findings=findings)
+
+
+def _window(run: RunSummary, steps: tuple[int | None, int | None] | None) -> RunSummary:
+    if steps is None:
+        return run
+    first, last = steps
+
+    def keep(df: pd.DataFrame) -> pd.DataFrame:
+        if df.empty or "step" not in df:
+            return df
+        mask = pd.Series(True, index=df.index)
+        if first is not None:
+            mask &= df["step"] >= first
+        if last is not None:
+            mask &= df["step"] < last
+        return df[mask]
+
+    return RunSummary(
+        ranks=run.ranks,
+        meta=run.meta,
+        steps=keep(run.steps),
+        collectives=keep(run.collectives),
+        scalars=keep(run.scalars),
+        events=keep(run.events),
+    )
+
+
+def _trace_info(root: Path, run: RunSummary) -> dict[str, Any]:
+    any_meta = next(iter(run.meta.values()))
+    return {
+        "path": str(root),
+        "world_size": run.world_size,
+        "ranks_analysed": run.ranks,
+        "steps": int(run.steps["step"].nunique()) if not run.steps.empty else 0,
+        "backend": any_meta.get("backend"),
+        "model_kind": any_meta.get("model_kind"),
+    }
+
+
+def _summary(run: RunSummary) -> dict[str, Any]:
+    """Per rank: steps, median step, compute and data time, and the rest of the step."""
+    steps = run.steps
+    if steps.empty:
+        return {"ranks": []}
+    per = steps.groupby("rank").agg(
+        steps=("step", "size"),
+        step_ms=("step_ns", "median"),
+        compute_ms=("compute_ns", "median"),
+        data_ms=("data_ns", "median"),
+    )
+    for col in ("step_ms", "compute_ms", "data_ms"):
+        per[col] = per[col] / 1e6
+    per["other_ms"] = per["step_ms"] - per["compute_ms"].fillna(0) - per["data_ms"].fillna(0)
+    rows = []
+    for rank, row in per.iterrows():
+        rows.append(
+            {
+                "rank": int(rank),
+                "steps": int(row["steps"]),
+                **{c: _round(row[c]) for c in ("step_ms", "compute_ms", "data_ms", "other_ms")},
+            }
+        )
+    return {"ranks": rows, "median_step_ms": _round(float(per["step_ms"].median()))}
+
+
+def _round(value: float) -> float | None:
+    return None if pd.isna(value) else round(float(value), 3)

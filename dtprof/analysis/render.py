@@ -1,0 +1,65 @@
+"""Reports as text for a terminal and Markdown for a CI comment; JSON is Report.to_json()."""
+
+from __future__ import annotations
+
+from dtprof.analysis.report import Report
+
+_COLUMNS = ("rank", "steps", "step_ms", "compute_ms", "data_ms", "other_ms")
+_HEADERS = ("rank", "steps", "step ms", "compute ms", "data ms", "other ms")
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.2f}" if isinstance(value, float) else str(value)
+
+
+def _headline(report: Report) -> str:
+    t, s = report.trace, report.summary
+    median = s.get("median_step_ms")
+    step = f", median step {median:.2f} ms" if median is not None else ""
+    ranks = f"{len(t['ranks_analysed'])} of {t['world_size']} ranks"
+    return f"{t['path']}: {ranks}, {t['steps']} steps{step}"
+
+
+def text(report: Report) -> str:
+    """Headline, per-rank table, then findings by severity with evidence and a suggestion."""
+    lines = [_headline(report), ""]
+    widths = [max(len(h), 8) for h in _HEADERS]
+    lines.append("  ".join(h.rjust(w) for h, w in zip(_HEADERS, widths, strict=True)))
+    for row in report.summary.get("ranks", []):
+        cells = [_cell(row.get(c)) for c in _COLUMNS]
+        lines.append("  ".join(c.rjust(w) for c, w in zip(cells, widths, strict=True)))
+    lines.append("")
+    findings = report.sorted_findings()
+    if not findings:
+        lines.append("no findings")
+    for f in findings:
+        lines.append(
+            f"{f.severity.upper()} {f.code} (ranks {', '.join(map(str, f.ranks))}, "
+            f"steps {f.first_step}-{f.last_step}): {f.message}"
+        )
+        lines.append(f"    try: {f.suggestion}")
+        evidence = ", ".join(f"{k}={v}" for k, v in f.evidence.items() if not isinstance(v, dict))
+        if evidence:
+            lines.append(f"    evidence: {evidence}")
+    return "\n".join(lines)
+
+
+def markdown(report: Report) -> str:
+    """The same as text(), as Markdown."""
+    lines = [f"### dtprof: {_headline(report)}", ""]
+    lines.append("| " + " | ".join(_HEADERS) + " |")
+    lines.append("|" + "---|" * len(_HEADERS))
+    for row in report.summary.get("ranks", []):
+        lines.append("| " + " | ".join(_cell(row.get(c)) for c in _COLUMNS) + " |")
+    lines.append("")
+    findings = report.sorted_findings()
+    if not findings:
+        lines.append("No findings.")
+    for f in findings:
+        lines.append(
+            f"- **{f.severity}** `{f.code}` ranks {', '.join(map(str, f.ranks))}, "
+            f"steps {f.first_step}-{f.last_step}: {f.message}. *Try:* {f.suggestion}."
+        )
+    return "\n".join(lines)

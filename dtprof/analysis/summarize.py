@@ -1,0 +1,118 @@
+"""Per-rank summarization: one rank's folder to small per-step tables, on rank 0's clock.
+
+A pure function of a path, so it can run in a thread, a process pool or on a cluster worker;
+everything after it works on these small tables only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from dtprof.errors import DtprofError
+from dtprof.trace.reader import (
+    _NULLABLE_INTS,
+    META_FILE,
+    _align,
+    clock_params,
+    read_meta,
+    read_table,
+)
+from dtprof.trace.schema import TABLES
+
+COMPUTE_PHASES = ("forward", "backward", "optimizer")
+
+
+@dataclass(frozen=True)
+class RankSummary:
+    """What the checks need of one rank."""
+
+    rank: int
+    meta: dict[str, Any]
+    steps: pd.DataFrame  # step, start_ns, end_ns, step_ns, compute_ns, data_ns
+    collectives: pd.DataFrame  # rank, step, group, seq, op, bytes, peer, start_ns, end_ns, label
+    scalars: pd.DataFrame  # rank, step, name, value
+    events: pd.DataFrame  # rank, step, ts_ns, kind, message, detail
+
+
+def _frame(folder: Path, name: str, rank: int, params: dict[int, Any]) -> pd.DataFrame:
+    table = read_table(folder, TABLES[name])
+    table = table.add_column(0, "rank", pa.array(np.full(table.num_rows, rank, np.int32)))
+    df = table.to_pandas(types_mapper=_NULLABLE_INTS.get)
+    df["rank"] = df["rank"].astype("int32")
+    _align(df, TABLES[name].time_columns, params)
+    return df
+
+
+def summarize_rank(folder: str | Path) -> RankSummary:
+    """Read one ``rank=NNNNN`` folder and reduce it to per-step tables."""
+    folder = Path(folder)
+    meta = read_meta(folder)
+    rank = int(meta["rank"])
+    named = folder.name.partition("=")[2]
+    if not named.isdigit() or int(named) != rank:
+        raise DtprofError(f"{folder / META_FILE}: says rank {rank} but the folder is {folder.name}")
+    params = {rank: clock_params(meta)}
+    steps = _frame(folder, "steps", rank, params)
+    spans = _frame(folder, "spans", rank, params)
+    steps["step_ns"] = steps["end_ns"] - steps["start_ns"]
+    phases = spans[spans["kind"] == "phase"]
+    per_phase = (
+        phases.assign(ns=phases["end_ns"] - phases["start_ns"])
+        .pivot_table(index="step", columns="name", values="ns", aggfunc="sum")
+        .reindex(steps["step"])
+    )
+    compute = per_phase.reindex(columns=list(COMPUTE_PHASES)).sum(axis=1, min_count=1)
+    steps["compute_ns"] = compute.to_numpy()
+    data = per_phase["data"] if "data" in per_phase else pd.Series(np.nan, index=per_phase.index)
+    steps["data_ns"] = data.to_numpy()
+    return RankSummary(
+        rank=rank,
+        meta=meta,
+        steps=steps,
+        collectives=_frame(folder, "collectives", rank, params),
+        scalars=_frame(folder, "scalars", rank, params),
+        events=_frame(folder, "events", rank, params),
+    )
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """Every rank's summary, concatenated: the input of the cross-rank checks."""
+
+    ranks: list[int]
+    meta: dict[int, dict[str, Any]]
+    steps: pd.DataFrame
+    collectives: pd.DataFrame
+    scalars: pd.DataFrame
+    events: pd.DataFrame
+
+    @property
+    def world_size(self) -> int:
+        return max(int(m.get("world_size", 0)) for m in self.meta.values())
+
+
+def combine(summaries: list[RankSummary]) -> RunSummary:
+    """Concatenate per-rank summaries (in rank order)."""
+    summaries = sorted(summaries, key=lambda s: s.rank)
+    sizes = {int(s.meta.get("world_size", 0)) for s in summaries}
+    if len(sizes) > 1:
+        raise DtprofError(f"ranks disagree on the world size ({sorted(sizes)})")
+
+    def cat(name: str) -> pd.DataFrame:
+        frames = [getattr(s, name) for s in summaries]
+        return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+    return RunSummary(
+        ranks=[s.rank for s in summaries],
+        meta={s.rank: s.meta for s in summaries},
+        steps=cat("steps"),
+        collectives=cat("collectives"),
+        scalars=cat("scalars"),
+        events=cat("events"),
+    )

@@ -1,0 +1,155 @@
+"""dtprof analyze: the straggler check on inline traces and samples, reports, CLI exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dtprof.analysis import analyze
+from dtprof.analysis.render import markdown, text
+from tests.tracebuild import rank_meta, write_rank
+
+SAMPLES = Path(__file__).resolve().parents[1] / "sample_traces"
+MS = 1_000_000
+
+
+def _ddp_like(trace: Path, compute_ms: dict[int, float], steps: int = 12) -> None:
+    """Ranks that compute, then all-reduce together: the slowest arrives last, waits least."""
+    world = len(compute_ms)
+    step_ms = max(compute_ms.values()) + 2
+    for rank, compute in compute_ms.items():
+        rows: dict[str, list[tuple]] = {"steps": [], "spans": [], "collectives": []}
+        for step in range(steps):
+            t0 = step * step_ms * MS
+            fwd_end = t0 + int(compute / 3 * MS)
+            bwd_end = t0 + int(compute * MS)
+            rows["steps"].append((step, t0, t0 + int(step_ms * MS)))
+            rows["spans"] += [
+                (step, "forward", "phase", t0, fwd_end, 0, None, None),
+                (step, "backward", "phase", fwd_end, bwd_end, 0, None, None),
+            ]
+            done = t0 + int((max(compute_ms.values()) + 1) * MS)  # when the last rank arrived
+            rows["collectives"].append(
+                (
+                    step,
+                    "0",
+                    step,
+                    "all_reduce",
+                    4096,
+                    "float32",
+                    None,
+                    bwd_end,
+                    done,
+                    True,
+                    "ddp.bucket0",
+                )
+            )
+        write_rank(trace, rank_meta(rank, world), rows)
+
+
+def test_the_culprit_is_the_last_arriver_with_the_shortest_collectives(tmp_path: Path) -> None:
+    _ddp_like(tmp_path, {0: 20.0, 1: 26.0, 2: 20.0})
+    report = analyze(tmp_path)
+    (finding,) = report.findings
+    assert (finding.code, finding.ranks, finding.severity) == ("straggler", [1], "error")
+    ev = finding.evidence
+    assert ev["slowdown"] == pytest.approx(1.3, rel=1e-3)
+    assert ev["chronic"] is True and ev["last_arrival_share"] == 1.0
+    # ranks 0 and 2 waited 6 ms at each analysed all-reduce (steps 2-11)
+    assert ev["wait_caused_s"] == pytest.approx(10 * 2 * 0.006, rel=1e-6)
+    # fixed, rank 1 would compute 20 ms: steps of 28 ms would take 22
+    assert ev["speedup_if_fixed"] == pytest.approx(28 / 22, rel=1e-3)
+    assert (finding.first_step, finding.last_step) == (2, 11)
+
+
+def test_a_rank_within_jitter_is_no_straggler(tmp_path: Path) -> None:
+    _ddp_like(tmp_path, {0: 20.0, 1: 20.8, 2: 20.0, 3: 20.4})
+    assert analyze(tmp_path).findings == []
+
+
+def test_steps_and_ranks_windows(tmp_path: Path) -> None:
+    _ddp_like(tmp_path, {0: 20.0, 1: 26.0, 2: 20.0})
+    assert analyze(tmp_path, steps=(0, 4)).findings == []  # too few steps to judge
+    report = analyze(tmp_path, ranks=[0, 2])
+    assert report.trace["ranks_analysed"] == [0, 2] and report.findings == []
+
+
+@pytest.mark.skipif(not SAMPLES.exists(), reason="no sample traces")
+@pytest.mark.parametrize(
+    ("sample", "stragglers"),
+    [
+        ("straggler-ddp", [[1]]),
+        ("healthy-ddp", []),
+        ("data-stall", []),
+        ("divergence", []),
+        ("poor-overlap", []),
+        ("fsdp2", []),
+        ("pipeline-gpipe", []),
+        ("pipeline-1f1b", []),
+    ],
+)
+def test_samples_name_exactly_their_straggler(sample: str, stragglers: list[list[int]]) -> None:
+    found = [f.ranks for f in analyze(SAMPLES / sample).findings if f.code == "straggler"]
+    assert found == stragglers
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "dtprof", "analyze", *args], capture_output=True, text=True
+    )
+
+
+def test_cli_formats_and_exit_codes(tmp_path: Path) -> None:
+    _ddp_like(tmp_path / "slow", {0: 20.0, 1: 26.0, 2: 20.0})
+    _ddp_like(tmp_path / "fine", {0: 20.0, 1: 20.2, 2: 20.0})
+    assert _cli(str(tmp_path / "fine"), "--fail-on", "info").returncode == 0
+    slow = _cli(str(tmp_path / "slow"))
+    assert slow.returncode == 1 and "ERROR straggler (ranks 1" in slow.stdout
+    out = tmp_path / "report.json"
+    assert _cli(str(tmp_path / "slow"), "--format", "json", "-o", str(out)).returncode == 1
+    report = json.loads(out.read_text())
+    assert report["schema"] == "dtprof.report/1"
+    assert [f["code"] for f in report["findings"]] == ["straggler"]
+    assert set(report["findings"][0]) == {
+        "code",
+        "severity",
+        "ranks",
+        "first_step",
+        "last_step",
+        "message",
+        "suggestion",
+        "evidence",
+    }
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["NOPE"], "NOPE: no such directory"),
+        (["{t}", "--steps", "3"], "--steps wants A:B"),
+        (["{t}", "--ranks", "a"], "--ranks wants a list"),
+        (["{t}", "--ranks", "7"], "none of the ranks [7] is in this trace"),
+        (["{t}", "--format", "xml"], "invalid choice: 'xml'"),
+    ],
+)
+def test_cli_user_errors_are_one_line_and_exit_2(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
+    _ddp_like(tmp_path, {0: 20.0, 1: 20.0})
+    proc = _cli(*[a.format(t=tmp_path) for a in args])
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("dtprof: error: ") and message in lines[0]
+
+
+def test_text_and_markdown_renderings(tmp_path: Path) -> None:
+    _ddp_like(tmp_path, {0: 20.0, 1: 26.0, 2: 20.0})
+    report = analyze(tmp_path)
+    t, m = text(report), markdown(report)
+    assert t.splitlines()[0].endswith("3 of 3 ranks, 12 steps, median step 28.00 ms")
+    assert "try: look at rank 1's host" in t
+    assert "| rank | steps |" in m and "**error** `straggler` ranks 1" in m
