@@ -2,8 +2,9 @@
 
     torchrun --nproc-per-node 4 examples/train_ddp.py --trace runs/demo
 
-``--slow-rank R`` makes rank R's compute about 30% slower, the most common way a job loses
-time: every other rank waits for it at each gradient all-reduce.
+``--slow-rank R`` adds about 4 ms of compute to rank R's forward, standing for a slower GPU,
+the most common way a job loses time: every other rank waits for it at each gradient
+all-reduce, and ``dtprof analyze`` names it.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ def main() -> None:
             nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 16)
         )
     )
+    if rank == args.slow_rank:  # extra compute in its forward: stands for a slower GPU
+        model.module.register_forward_hook(lambda *_: burn(0.004))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     loss_fn = nn.CrossEntropyLoss()
     gen = torch.Generator().manual_seed(rank)
@@ -54,9 +57,6 @@ def main() -> None:
             with prof.region("data"):
                 x = torch.randn(64, 256, generator=gen)
                 y = torch.randint(0, 16, (64,), generator=gen)
-            if rank == args.slow_rank:
-                with prof.region("slow-device"):
-                    burn(0.004)  # extra compute: stands for a slower GPU
             loss = loss_fn(model(x), y)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
