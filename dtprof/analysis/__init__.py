@@ -71,6 +71,7 @@ def _window(run: RunSummary, steps: tuple[int | None, int | None] | None) -> Run
         steps=keep(run.steps),
         collectives=keep(run.collectives),
         scalars=keep(run.scalars),
+        fingerprints=keep(run.fingerprints),
         events=keep(run.events),
     )
 

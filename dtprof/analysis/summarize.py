@@ -37,6 +37,7 @@ class RankSummary:
     steps: pd.DataFrame  # step, start_ns, end_ns, step_ns, compute_ns, data_ns
     collectives: pd.DataFrame  # rank, step, group, seq, op, bytes, peer, start_ns, end_ns, label
     scalars: pd.DataFrame  # rank, step, name, value
+    fingerprints: pd.DataFrame  # rank, step, tensor, sum, sumsq
     events: pd.DataFrame  # rank, step, ts_ns, kind, message, detail
 
 
@@ -77,6 +78,7 @@ def summarize_rank(folder: str | Path) -> RankSummary:
         steps=steps,
         collectives=_frame(folder, "collectives", rank, params),
         scalars=_frame(folder, "scalars", rank, params),
+        fingerprints=_frame(folder, "fingerprints", rank, params),
         events=_frame(folder, "events", rank, params),
     )
 
@@ -90,6 +92,7 @@ class RunSummary:
     steps: pd.DataFrame
     collectives: pd.DataFrame
     scalars: pd.DataFrame
+    fingerprints: pd.DataFrame
     events: pd.DataFrame
 
     @property
@@ -114,5 +117,6 @@ def combine(summaries: list[RankSummary]) -> RunSummary:
         steps=cat("steps"),
         collectives=cat("collectives"),
         scalars=cat("scalars"),
+        fingerprints=cat("fingerprints"),
         events=cat("events"),
     )

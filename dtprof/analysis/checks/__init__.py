@@ -4,12 +4,22 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from dtprof.analysis.checks import straggler
+from dtprof.analysis.checks import (
+    data_stall,
+    non_finite,
+    rank_stopped,
+    replica_divergence,
+    straggler,
+)
 from dtprof.analysis.report import Finding
 from dtprof.analysis.summarize import RunSummary
 
 Check = Callable[[RunSummary], list[Finding]]
 
 CHECKS: list[Check] = [
+    rank_stopped.check,
+    non_finite.check,
+    replica_divergence.check,
     straggler.check,
+    data_stall.check,
 ]
