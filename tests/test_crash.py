@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import dtprof
+from dtprof.analysis import analyze
 from dtprof.errors import DtprofError
 from dtprof.jobs import launch
 from tests.conftest import logs_of
@@ -74,6 +75,11 @@ def test_a_sigkilled_rank_leaves_a_readable_trace_up_to_about_a_second_before(
         (trace.collectives["rank"] == 0) & ~trace.collectives.index.isin(failed.index)
     ]
     assert failed["seq"].iloc[0] == ok_on_0["seq"].max() + 1
+    # the analyzer reads the rest normally and says rank 1 stopped early
+    stopped = [f for f in analyze(trace_dir).findings if f.code == "rank-stopped"]
+    killed = next(f for f in stopped if f.ranks == [1])
+    assert killed.evidence["status"] == "running"
+    assert killed.evidence["last_step"] < killed.evidence["furthest_step"]
 
 
 def test_the_watchdog_records_a_hang_with_stacks_and_flushes_it_at_once(tmp_path: Path) -> None:
