@@ -132,6 +132,41 @@ def test_periodic_slow_batches_on_one_rank_are_a_data_stall(tmp_path: Path) -> N
     assert finding.evidence["period_steps"] == 3
 
 
+@pytest.mark.parametrize(("inside_backward", "found"), [(True, []), (False, ["poor-overlap"])])
+def test_communication_after_backward_is_exposed(
+    tmp_path: Path, inside_backward: bool, found: list[str]
+) -> None:
+    for rank in range(2):
+        rows: dict[str, list[tuple]] = {"steps": [], "spans": [], "collectives": []}
+        for step in range(12):
+            t0 = step * 40 * MS
+            rows["steps"].append((step, t0, t0 + 40 * MS))
+            rows["spans"].append((step, "backward", "phase", t0, t0 + 25 * MS, 0, None, None))
+            start = t0 + (10 if inside_backward else 26) * MS
+            rows["collectives"].append(
+                (
+                    step,
+                    "0",
+                    step,
+                    "all_reduce",
+                    64,
+                    "float32",
+                    None,
+                    start,
+                    start + 12 * MS,
+                    True,
+                    None,
+                )
+            )
+        write_rank(tmp_path, rank_meta(rank, 2), rows)
+    report = analyze(tmp_path)
+    assert [f.code for f in report.findings] == found
+    if found:
+        ev = report.findings[0].evidence
+        assert ev["overlap_fraction"] == 0.0
+        assert ev["exposed_comm_fraction"] == pytest.approx(12 / 40)
+
+
 def test_a_rank_within_jitter_is_no_straggler(tmp_path: Path) -> None:
     _ddp_like(tmp_path, {0: 20.0, 1: 20.8, 2: 20.0, 3: 20.4})
     assert analyze(tmp_path).findings == []
@@ -150,7 +185,7 @@ GOLDEN = {
     "healthy-ddp": [],
     "data-stall": [("data-stall", [3], 4)],
     "divergence": [("non-finite", [1], 30), ("replica-divergence", [2], 10)],
-    "poor-overlap": [],
+    "poor-overlap": [("poor-overlap", [0, 1, 2, 3], 4)],
     "fsdp2": [],
     "pipeline-gpipe": [],
     "pipeline-1f1b": [],

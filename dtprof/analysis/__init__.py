@@ -69,6 +69,7 @@ def _window(run: RunSummary, steps: tuple[int | None, int | None] | None) -> Run
         ranks=run.ranks,
         meta=run.meta,
         steps=keep(run.steps),
+        phases=keep(run.phases),
         collectives=keep(run.collectives),
         scalars=keep(run.scalars),
         fingerprints=keep(run.fingerprints),

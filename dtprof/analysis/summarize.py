@@ -35,6 +35,7 @@ class RankSummary:
     rank: int
     meta: dict[str, Any]
     steps: pd.DataFrame  # step, start_ns, end_ns, step_ns, compute_ns, data_ns
+    phases: pd.DataFrame  # rank, step, name, start_ns, end_ns: the compute phases only
     collectives: pd.DataFrame  # rank, step, group, seq, op, bytes, peer, start_ns, end_ns, label
     scalars: pd.DataFrame  # rank, step, name, value
     fingerprints: pd.DataFrame  # rank, step, tensor, sum, sumsq
@@ -76,6 +77,9 @@ def summarize_rank(folder: str | Path) -> RankSummary:
         rank=rank,
         meta=meta,
         steps=steps,
+        phases=phases.loc[
+            phases["name"].isin(COMPUTE_PHASES), ["rank", "step", "name", "start_ns", "end_ns"]
+        ].reset_index(drop=True),
         collectives=_frame(folder, "collectives", rank, params),
         scalars=_frame(folder, "scalars", rank, params),
         fingerprints=_frame(folder, "fingerprints", rank, params),
@@ -90,6 +94,7 @@ class RunSummary:
     ranks: list[int]
     meta: dict[int, dict[str, Any]]
     steps: pd.DataFrame
+    phases: pd.DataFrame
     collectives: pd.DataFrame
     scalars: pd.DataFrame
     fingerprints: pd.DataFrame
@@ -115,6 +120,7 @@ def combine(summaries: list[RankSummary]) -> RunSummary:
         ranks=[s.rank for s in summaries],
         meta={s.rank: s.meta for s in summaries},
         steps=cat("steps"),
+        phases=cat("phases"),
         collectives=cat("collectives"),
         scalars=cat("scalars"),
         fingerprints=cat("fingerprints"),

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dtprof.analysis.checks import (
     data_stall,
     non_finite,
+    poor_overlap,
     rank_stopped,
     replica_divergence,
     straggler,
@@ -22,4 +23,5 @@ CHECKS: list[Check] = [
     replica_divergence.check,
     straggler.check,
     data_stall.check,
+    poor_overlap.check,
 ]
