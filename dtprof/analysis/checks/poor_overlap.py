@@ -1,7 +1,7 @@
 """poor-overlap: communication that runs while no compute does, on every step.
 
-Rule: per rank, communication time is the union of its collectives' transfer intervals (from
-the moment the last member entered, so waiting for a late rank is the straggler's, not
+Rule: per rank, communication time is the union of the transfer intervals of its collectives on
+the whole world, seen on every rank (from the moment the last member entered, so waiting for a late rank is the straggler's, not
 overlap's) and overlapped time is the part of it during a forward, backward or optimizer phase
 (HTA's definition: overlapped / all communication). The exposed rest as a share of the step is
 flagged at >= 25% (warning; >= 50%: error) on the ranks where it happens. The first steps (10%,
@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from dtprof.analysis.checks.straggler import warmup_steps
+from dtprof.analysis.checks.straggler import arrivals, warmup_steps
 from dtprof.analysis.report import Finding
 from dtprof.analysis.summarize import RunSummary
 
@@ -21,21 +21,22 @@ WARN_EXPOSED = 0.25
 ERROR_EXPOSED = 0.50
 
 
-def transfer_intervals(collectives: pd.DataFrame) -> pd.DataFrame:
-    """rank, step, start_ns, end_ns of each collective's transfer (p2p left out)."""
-    coll = collectives[collectives["peer"].isna()]
-    last = coll.groupby(["group", "seq"])["start_ns"].transform("max")
-    start = np.maximum(coll["start_ns"].to_numpy(), last.to_numpy())
-    end = coll["end_ns"].to_numpy()
-    out = pd.DataFrame(
+def transfer_intervals(collectives: pd.DataFrame, world_size: int) -> pd.DataFrame:
+    """rank, step, start_ns, end_ns of each collective's transfer: from the last member's entry.
+
+    Only collectives seen on every rank count: with a member missing (a --ranks subset, a
+    stopped rank) waiting cannot be told from transfer. p2p is left out.
+    """
+    coll = arrivals(collectives, world_size)
+    start = coll["last_start_ns"].to_numpy()
+    return pd.DataFrame(
         {
             "rank": coll["rank"].to_numpy(),
             "step": coll["step"].to_numpy(),
             "start_ns": start,
-            "end_ns": np.maximum(start, end),
+            "end_ns": np.maximum(start, coll["end_ns"].to_numpy()),
         }
     )
-    return out
 
 
 def overlap_per_rank(comm: pd.DataFrame, compute: pd.DataFrame) -> pd.DataFrame:
@@ -68,7 +69,7 @@ def check(run: RunSummary) -> list[Finding]:
     if run.collectives.empty or run.phases.empty or run.steps.empty:
         return []
     skip = warmup_steps(run.steps["step"])
-    comm = transfer_intervals(run.collectives[run.collectives["step"] >= skip])
+    comm = transfer_intervals(run.collectives[run.collectives["step"] >= skip], run.world_size)
     compute = run.phases[run.phases["step"] >= skip]
     if comm.empty:
         return []
