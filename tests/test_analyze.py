@@ -167,6 +167,26 @@ def test_communication_after_backward_is_exposed(
         assert ev["exposed_comm_fraction"] == pytest.approx(12 / 40)
 
 
+def test_bubble_theory_per_schedule() -> None:
+    from dtprof.analysis.checks.pipeline_bubble import theory
+
+    assert theory("ScheduleGPipe", 4, 4, 1) == pytest.approx(3 / 7)
+    assert theory("Schedule1F1B", 4, 8, 1) == pytest.approx(3 / 11)
+    assert theory("ScheduleInterleaved1F1B", 8, 8, 2) == pytest.approx(3 / 19)
+    assert theory("ScheduleInterleavedZeroBubble", 8, 8, 2) == pytest.approx(1 / 19)
+    assert theory("ScheduleGPipe", 1, 4, 1) == 0.0
+
+
+@pytest.mark.skipif(not SAMPLES.exists(), reason="no sample traces")
+def test_gpipe_bubble_is_measured_against_theory_and_split() -> None:
+    (finding,) = analyze(SAMPLES / "pipeline-gpipe").findings
+    ev = finding.evidence
+    assert ev["theoretical_bubble_fraction"] == pytest.approx(3 / 7, abs=1e-4)
+    assert ev["theoretical_bubble_fraction"] <= ev["bubble_fraction"] < 0.6
+    assert sum(ev["idle_split"].values()) == pytest.approx(1.0, abs=1e-3)
+    assert ev["suggested_bubble_fraction"] < ev["theoretical_bubble_fraction"]
+
+
 def test_a_rank_within_jitter_is_no_straggler(tmp_path: Path) -> None:
     _ddp_like(tmp_path, {0: 20.0, 1: 20.8, 2: 20.0, 3: 20.4})
     assert analyze(tmp_path).findings == []
@@ -187,8 +207,8 @@ GOLDEN = {
     "divergence": [("non-finite", [1], 30), ("replica-divergence", [2], 10)],
     "poor-overlap": [("poor-overlap", [0, 1, 2, 3], 4)],
     "fsdp2": [],
-    "pipeline-gpipe": [],
-    "pipeline-1f1b": [],
+    "pipeline-gpipe": [("pipeline-bubble", [0, 1, 2, 3], 3)],
+    "pipeline-1f1b": [("pipeline-bubble", [0, 1, 2, 3], 3)],
 }
 
 

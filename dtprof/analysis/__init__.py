@@ -70,6 +70,7 @@ def _window(run: RunSummary, steps: tuple[int | None, int | None] | None) -> Run
         meta=run.meta,
         steps=keep(run.steps),
         phases=keep(run.phases),
+        actions=keep(run.actions),
         collectives=keep(run.collectives),
         scalars=keep(run.scalars),
         fingerprints=keep(run.fingerprints),

@@ -36,6 +36,7 @@ class RankSummary:
     meta: dict[str, Any]
     steps: pd.DataFrame  # step, start_ns, end_ns, step_ns, compute_ns, data_ns
     phases: pd.DataFrame  # rank, step, name, start_ns, end_ns: the compute phases only
+    actions: pd.DataFrame  # rank, step, stage, microbatch, name, start_ns, end_ns (pipelining)
     collectives: pd.DataFrame  # rank, step, group, seq, op, bytes, peer, start_ns, end_ns, label
     scalars: pd.DataFrame  # rank, step, name, value
     fingerprints: pd.DataFrame  # rank, step, tensor, sum, sumsq
@@ -77,6 +78,10 @@ def summarize_rank(folder: str | Path) -> RankSummary:
         rank=rank,
         meta=meta,
         steps=steps,
+        actions=spans.loc[
+            spans["kind"] == "pipeline",
+            ["rank", "step", "stage", "microbatch", "name", "start_ns", "end_ns"],
+        ].reset_index(drop=True),
         phases=phases.loc[
             phases["name"].isin(COMPUTE_PHASES), ["rank", "step", "name", "start_ns", "end_ns"]
         ].reset_index(drop=True),
@@ -95,6 +100,7 @@ class RunSummary:
     meta: dict[int, dict[str, Any]]
     steps: pd.DataFrame
     phases: pd.DataFrame
+    actions: pd.DataFrame
     collectives: pd.DataFrame
     scalars: pd.DataFrame
     fingerprints: pd.DataFrame
@@ -121,6 +127,7 @@ def combine(summaries: list[RankSummary]) -> RunSummary:
         meta={s.rank: s.meta for s in summaries},
         steps=cat("steps"),
         phases=cat("phases"),
+        actions=cat("actions"),
         collectives=cat("collectives"),
         scalars=cat("scalars"),
         fingerprints=cat("fingerprints"),

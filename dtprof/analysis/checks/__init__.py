@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dtprof.analysis.checks import (
     data_stall,
     non_finite,
+    pipeline_bubble,
     poor_overlap,
     rank_stopped,
     replica_divergence,
@@ -24,4 +25,5 @@ CHECKS: list[Check] = [
     straggler.check,
     data_stall.check,
     poor_overlap.check,
+    pipeline_bubble.check,
 ]

@@ -1,11 +1,11 @@
 """poor-overlap: communication that runs while no compute does, on every step.
 
 Rule: per rank, communication time is the union of the transfer intervals of its collectives on
-the whole world, seen on every rank (from the moment the last member entered, so waiting for a late rank is the straggler's, not
-overlap's) and overlapped time is the part of it during a forward, backward or optimizer phase
-(HTA's definition: overlapped / all communication). The exposed rest as a share of the step is
-flagged at >= 25% (warning; >= 50%: error) on the ranks where it happens. The first steps (10%,
-at least 2) are skipped.
+the whole world, seen on every rank, each from the moment the last member entered (waiting for
+a late rank is the straggler's, not overlap's); overlapped time is the part of it during a
+forward, backward or optimizer phase (HTA's definition: overlapped / all communication). The
+exposed rest as a share of the step is flagged at >= 25% (warning; >= 50%: error) on the ranks
+where it happens. The first steps (10%, at least 2) are skipped.
 """
 
 from __future__ import annotations
