@@ -187,6 +187,37 @@ def test_gpipe_bubble_is_measured_against_theory_and_split() -> None:
     assert ev["suggested_bubble_fraction"] < ev["theoretical_bubble_fraction"]
 
 
+def test_a_loss_spike_is_found_against_its_own_history(tmp_path: Path) -> None:
+    for rank in range(2):
+        loss = [(s, "loss", 2.0 - 0.01 * s + 0.02 * (s % 3)) for s in range(40)]
+        if rank == 1:
+            loss[30] = (30, "loss", 9.0)
+        write_rank(tmp_path, rank_meta(rank, 2), {"scalars": loss})
+    (finding,) = analyze(tmp_path).findings
+    assert (finding.code, finding.ranks, finding.first_step) == ("loss-spike", [1], 30)
+    assert finding.evidence["spikes"][0]["value"] == 9.0
+
+
+GIB = 2**30
+
+
+@pytest.mark.parametrize(("leak", "found"), [(True, ["memory-growth"]), (False, [])])
+def test_memory_that_keeps_growing_is_flagged_a_plateau_is_not(
+    tmp_path: Path, leak: bool, found: list[str]
+) -> None:
+    for rank in range(2):
+        rss = []
+        for s in range(40):
+            grown = 0.05 * s if leak and rank == 0 else 0.05 * min(s, 5)  # plateau after 5
+            rss.append((s, s * MS, "rss_bytes", (1 + grown) * GIB))
+        write_rank(tmp_path, rank_meta(rank, 2), {"samples": rss})
+    report = analyze(tmp_path)
+    assert [f.code for f in report.findings] == found
+    if found:
+        assert report.findings[0].ranks == [0]
+        assert report.findings[0].evidence["metric"] == "rss_bytes"
+
+
 def test_a_rank_within_jitter_is_no_straggler(tmp_path: Path) -> None:
     _ddp_like(tmp_path, {0: 20.0, 1: 20.8, 2: 20.0, 3: 20.4})
     assert analyze(tmp_path).findings == []

@@ -74,6 +74,7 @@ def _window(run: RunSummary, steps: tuple[int | None, int | None] | None) -> Run
         collectives=keep(run.collectives),
         scalars=keep(run.scalars),
         fingerprints=keep(run.fingerprints),
+        memory=keep(run.memory),
         events=keep(run.events),
     )
 

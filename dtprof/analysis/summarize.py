@@ -40,6 +40,7 @@ class RankSummary:
     collectives: pd.DataFrame  # rank, step, group, seq, op, bytes, peer, start_ns, end_ns, label
     scalars: pd.DataFrame  # rank, step, name, value
     fingerprints: pd.DataFrame  # rank, step, tensor, sum, sumsq
+    memory: pd.DataFrame  # rank, step, metric, value: the per-step memory readings
     events: pd.DataFrame  # rank, step, ts_ns, kind, message, detail
 
 
@@ -88,8 +89,14 @@ def summarize_rank(folder: str | Path) -> RankSummary:
         collectives=_frame(folder, "collectives", rank, params),
         scalars=_frame(folder, "scalars", rank, params),
         fingerprints=_frame(folder, "fingerprints", rank, params),
+        memory=_memory(_frame(folder, "samples", rank, params)),
         events=_frame(folder, "events", rank, params),
     )
+
+
+def _memory(samples: pd.DataFrame) -> pd.DataFrame:
+    keep = samples["metric"].isin(["rss_bytes", "cuda_allocated_bytes", "cuda_reserved_bytes"])
+    return samples.loc[keep, ["rank", "step", "metric", "value"]].reset_index(drop=True)
 
 
 @dataclass(frozen=True)
@@ -104,6 +111,7 @@ class RunSummary:
     collectives: pd.DataFrame
     scalars: pd.DataFrame
     fingerprints: pd.DataFrame
+    memory: pd.DataFrame
     events: pd.DataFrame
 
     @property
@@ -131,5 +139,6 @@ def combine(summaries: list[RankSummary]) -> RunSummary:
         collectives=cat("collectives"),
         scalars=cat("scalars"),
         fingerprints=cat("fingerprints"),
+        memory=cat("memory"),
         events=cat("events"),
     )

@@ -6,6 +6,8 @@ from collections.abc import Callable
 
 from dtprof.analysis.checks import (
     data_stall,
+    loss_spike,
+    memory_growth,
     non_finite,
     pipeline_bubble,
     poor_overlap,
@@ -26,4 +28,6 @@ CHECKS: list[Check] = [
     data_stall.check,
     poor_overlap.check,
     pipeline_bubble.check,
+    loss_spike.check,
+    memory_growth.check,
 ]

@@ -1,0 +1,67 @@
+"""memory-growth: memory that keeps growing from step to step, the road to an out-of-memory.
+
+Rule: per rank and memory metric (RSS; CUDA allocated and reserved), over the steps after the
+first 10% (at least 2): the last reading exceeds the first by at least 20% and 256 MiB, and the
+second half of the steps still adds at least 30% of that growth (so a plateau after warm-up is
+not a leak). Warning.
+"""
+
+from __future__ import annotations
+
+from dtprof.analysis.checks.straggler import warmup_steps
+from dtprof.analysis.report import Finding
+from dtprof.analysis.summarize import RunSummary
+
+MIN_GROWTH = 0.20
+MIN_BYTES = 256 * 2**20
+STILL_GROWING = 0.30
+
+
+def check(run: RunSummary) -> list[Finding]:
+    mem = run.memory
+    if mem.empty:
+        return []
+    mem = mem[mem["step"] >= warmup_steps(mem["step"])].sort_values("step")
+    findings = []
+    for metric, rows in mem.groupby("metric"):
+        g = rows.groupby("rank")["value"]
+        first, last = g.first(), g.last()
+        mid = rows.groupby("rank").apply(
+            lambda r: r["value"].iloc[len(r) // 2], include_groups=False
+        )
+        growth = last - first
+        leaking = (
+            (growth >= MIN_GROWTH * first)
+            & (growth >= MIN_BYTES)
+            & ((last - mid) >= STILL_GROWING * growth)
+        )
+        ranks = sorted(int(r) for r in leaking[leaking].index)
+        if not ranks:
+            continue
+        steps = sorted(rows["step"].unique())
+        per_step = {r: float(growth[r]) / max(len(steps) - 1, 1) for r in ranks}
+        worst = max(ranks, key=lambda r: growth[r])
+        findings.append(
+            Finding(
+                code="memory-growth",
+                severity="warning",
+                ranks=ranks,
+                first_step=int(steps[0]),
+                last_step=int(steps[-1]),
+                message=(
+                    f"{metric} grows on {len(ranks)} rank(s): rank {worst} went from "
+                    f"{first[worst] / 2**30:.2f} to {last[worst] / 2**30:.2f} GiB over "
+                    f"{len(steps)} steps and is still growing"
+                ),
+                suggestion=(
+                    "look for tensors kept across steps: a loss appended without .item() or "
+                    ".detach(), growing caches or lists, or a data loader that accumulates"
+                ),
+                evidence={
+                    "metric": metric,
+                    "growth_bytes": {int(r): float(growth[r]) for r in ranks},
+                    "bytes_per_step": {int(r): round(v, 1) for r, v in per_step.items()},
+                },
+            )
+        )
+    return findings
