@@ -218,6 +218,57 @@ def test_memory_that_keeps_growing_is_flagged_a_plateau_is_not(
         assert report.findings[0].evidence["metric"] == "rss_bytes"
 
 
+def test_a_collective_one_rank_never_entered_is_a_hang(tmp_path: Path) -> None:
+    import json as _json
+
+    for rank in range(3):
+        done = [
+            (s, "0", s, "all_reduce", 64, "float32", None, s * MS, s * MS + 10, False, None)
+            for s in range(4)
+        ]
+        spans = [(3, "eval", "region", 3 * MS, 4 * MS, 0, None, None)]
+        folder = write_rank(
+            tmp_path, rank_meta(rank, 3, status="running"), {"collectives": done, "spans": spans}
+        )
+        stuck = (
+            [
+                {
+                    "step": 4,
+                    "group": "0",
+                    "seq": 4,
+                    "op": "all_reduce",
+                    "bytes": 64,
+                    "dtype": "float32",
+                    "peer": None,
+                    "start_ns": 5 * MS,
+                    "async_op": False,
+                    "label": None,
+                }
+            ]
+            if rank != 2
+            else []
+        )
+        (folder / "inflight.json").write_text(_json.dumps(stuck))
+    (finding,) = [f for f in analyze(tmp_path).findings if f.code == "hang"]
+    assert finding.ranks == [2]
+    ev = finding.evidence
+    assert (ev["op"], ev["seq"], ev["joined"], ev["missing"]) == ("all_reduce", 4, [0, 1], [2])
+    assert ev["last_activity"] == {2: "region eval at step 3"}
+
+
+def test_ranks_calling_different_collectives_is_a_hang(tmp_path: Path) -> None:
+    for rank in range(3):
+        op, size = ("broadcast", 64) if rank == 1 else ("all_reduce", 64)
+        write_rank(
+            tmp_path,
+            rank_meta(rank, 3),
+            {"collectives": [(0, "0", 0, op, size, "float32", None, 0, 10, False, None)]},
+        )
+    (finding,) = analyze(tmp_path).findings
+    assert (finding.code, finding.ranks) == ("hang", [1])
+    assert finding.evidence["calls"][1] == "broadcast of 64 bytes"
+
+
 def test_a_rank_within_jitter_is_no_straggler(tmp_path: Path) -> None:
     _ddp_like(tmp_path, {0: 20.0, 1: 20.8, 2: 20.0, 3: 20.4})
     assert analyze(tmp_path).findings == []

@@ -120,6 +120,14 @@ def test_the_watchdog_records_a_hang_with_stacks_and_flushes_it_at_once(tmp_path
     functions = [f["function"] for f in main_stack["frames"]]
     assert "skip_collective" in functions
     assert main_stack["frames"][-1]["function"] in ("all_reduce", "wrapper")
+    # the analyzer names the rank that never joined and what it was doing instead
+    (hang,) = [f for f in analyze(trace_dir).findings if f.code == "hang"]
+    assert hang.ranks == [1]
+    assert (hang.evidence["op"], hang.evidence["seq"], hang.evidence["joined"]) == (
+        "all_reduce",
+        3,
+        [0],
+    )
 
 
 def _hangs(trace_dir: Path) -> list[dict]:

@@ -76,6 +76,8 @@ def _window(run: RunSummary, steps: tuple[int | None, int | None] | None) -> Run
         fingerprints=keep(run.fingerprints),
         memory=keep(run.memory),
         events=keep(run.events),
+        inflight=run.inflight,
+        last_span=run.last_span,
     )
 
 

@@ -17,9 +17,11 @@ import pyarrow as pa
 from dtprof.errors import DtprofError
 from dtprof.trace.reader import (
     _NULLABLE_INTS,
+    INFLIGHT_DTYPES,
     META_FILE,
     _align,
     clock_params,
+    read_inflight,
     read_meta,
     read_table,
 )
@@ -42,6 +44,8 @@ class RankSummary:
     fingerprints: pd.DataFrame  # rank, step, tensor, sum, sumsq
     memory: pd.DataFrame  # rank, step, metric, value: the per-step memory readings
     events: pd.DataFrame  # rank, step, ts_ns, kind, message, detail
+    inflight: pd.DataFrame  # rank, step, group, seq, op, bytes, ..., start_ns (aligned)
+    last_span: pd.DataFrame  # rank, step, name, kind, end_ns: what the rank did last
 
 
 def _frame(folder: Path, name: str, rank: int, params: dict[int, Any]) -> pd.DataFrame:
@@ -91,7 +95,16 @@ def summarize_rank(folder: str | Path) -> RankSummary:
         fingerprints=_frame(folder, "fingerprints", rank, params),
         memory=_memory(_frame(folder, "samples", rank, params)),
         events=_frame(folder, "events", rank, params),
+        inflight=_inflight(folder, rank, params),
+        last_span=spans.sort_values("end_ns").tail(1)[["rank", "step", "name", "kind", "end_ns"]],
     )
+
+
+def _inflight(folder: Path, rank: int, params: dict[int, Any]) -> pd.DataFrame:
+    rows = [dict(r, rank=rank) for r in read_inflight(folder)]
+    df = pd.DataFrame(rows, columns=list(INFLIGHT_DTYPES)).astype(INFLIGHT_DTYPES)
+    _align(df, ["start_ns"], params)
+    return df
 
 
 def _memory(samples: pd.DataFrame) -> pd.DataFrame:
@@ -113,6 +126,8 @@ class RunSummary:
     fingerprints: pd.DataFrame
     memory: pd.DataFrame
     events: pd.DataFrame
+    inflight: pd.DataFrame
+    last_span: pd.DataFrame
 
     @property
     def world_size(self) -> int:
@@ -141,4 +156,6 @@ def combine(summaries: list[RankSummary]) -> RunSummary:
         fingerprints=cat("fingerprints"),
         memory=cat("memory"),
         events=cat("events"),
+        inflight=cat("inflight"),
+        last_span=cat("last_span"),
     )

@@ -238,14 +238,21 @@ def _load_rank(rank: int, folder: Path) -> tuple[dict[str, Any], dict[str, pa.Ta
             f"{folder / META_FILE}: says rank {meta['rank']} but the folder is rank {rank}"
         )
     tables = {name: read_table(folder, t) for name, t in TABLES.items()}
-    inflight: list[Any] = []
+    return meta, tables, read_inflight(folder)
+
+
+def read_inflight(folder: Path) -> list[dict[str, Any]]:
+    """A rank's inflight.json: the operations it had entered and not seen complete."""
     file = folder / INFLIGHT_FILE
-    if file.exists():
-        try:
-            inflight = json.loads(file.read_text())
-        except (OSError, ValueError) as exc:
-            raise DtprofError(f"{file}: not readable JSON ({exc})") from None
-    return meta, tables, inflight
+    if not file.exists():
+        return []
+    try:
+        rows = json.loads(file.read_text())
+    except (OSError, ValueError) as exc:
+        raise DtprofError(f"{file}: not readable JSON ({exc})") from None
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        raise DtprofError(f"{file}: not a list of operations")
+    return rows
 
 
 def load_trace(path: str | os.PathLike[str], threads: int | None = None) -> Trace:

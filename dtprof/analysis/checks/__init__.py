@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 from dtprof.analysis.checks import (
     data_stall,
+    hang,
     loss_spike,
     memory_growth,
     non_finite,
@@ -22,6 +23,7 @@ Check = Callable[[RunSummary], list[Finding]]
 
 CHECKS: list[Check] = [
     rank_stopped.check,
+    hang.check,
     non_finite.check,
     replica_divergence.check,
     straggler.check,

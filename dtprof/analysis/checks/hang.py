@@ -1,0 +1,139 @@
+"""hang: a collective some ranks entered and others never did, or ranks disagree on.
+
+Rule: (1) a collective on the whole world that is in flight on some ranks (inflight.json or a
+hang event) and that the other ranks neither have in flight nor completed: those ranks are
+missing, and their last recorded activity says what they were doing instead. (2) A completed
+collective whose op or bytes differ between ranks at the same (group, seq): the ranks called
+different collectives, which hangs or corrupts data. Both are errors.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+
+from dtprof.analysis.report import Finding
+from dtprof.analysis.summarize import RunSummary
+
+
+def _entered(run: RunSummary) -> pd.DataFrame:
+    """Operations ranks were stuck in: inflight.json rows and watchdog hang events."""
+    rows = run.inflight[run.inflight["peer"].isna()][["rank", "step", "group", "seq", "op"]]
+    hangs = run.events[run.events["kind"] == "hang"]
+    extra = []
+    for rank, step, detail in zip(hangs["rank"], hangs["step"], hangs["detail"], strict=True):
+        d = json.loads(detail)
+        if d.get("peer") is None:
+            extra.append(
+                {
+                    "rank": int(rank),
+                    "step": int(step),
+                    "group": str(d["group"]),
+                    "seq": int(d["seq"]),
+                    "op": str(d["op"]),
+                }
+            )
+    return pd.concat(
+        [rows, pd.DataFrame(extra, columns=rows.columns)], ignore_index=True
+    ).drop_duplicates(["rank", "group", "seq"])
+
+
+def _missing(run: RunSummary) -> list[Finding]:
+    entered = _entered(run)
+    if entered.empty:
+        return []
+    done = run.collectives[["rank", "group", "seq"]]
+    findings = []
+    for (group, seq), rows in entered.groupby(["group", "seq"]):
+        joined = set(int(r) for r in rows["rank"])
+        completed = set(
+            int(r) for r in done[(done["group"] == group) & (done["seq"] == seq)]["rank"]
+        )
+        missing = [r for r in run.ranks if r not in joined | completed]
+        if not missing:
+            continue
+        op = str(rows["op"].iloc[0])
+        doing = {}
+        for r in missing:
+            last = run.last_span[run.last_span["rank"] == r]
+            doing[r] = (
+                (
+                    f"{last['kind'].iloc[0]} {last['name'].iloc[0]} at step "
+                    f"{int(last['step'].iloc[0])}"
+                )
+                if len(last)
+                else "nothing recorded"
+            )
+        what = "; ".join(f"rank {r}: last {d}" for r, d in doing.items())
+        findings.append(
+            Finding(
+                code="hang",
+                severity="error",
+                ranks=missing,
+                first_step=int(rows["step"].min()),
+                last_step=None,
+                message=(
+                    f"{op} (group {group}, seq {seq}) was entered by rank(s) "
+                    f"{', '.join(map(str, sorted(joined)))} and never by rank(s) "
+                    f"{', '.join(map(str, missing))} ({what})"
+                ),
+                suggestion=(
+                    "find the branch that makes those ranks skip or reorder this collective "
+                    "(a rank-dependent condition, an early exit, an exception on that rank); "
+                    "their Python stacks are in the hang events"
+                ),
+                evidence={
+                    "group": group,
+                    "seq": int(seq),
+                    "op": op,
+                    "joined": sorted(joined),
+                    "completed": sorted(completed),
+                    "missing": missing,
+                    "last_activity": {int(r): d for r, d in doing.items()},
+                },
+            )
+        )
+    return findings
+
+
+def _mismatched(run: RunSummary) -> list[Finding]:
+    coll = run.collectives[run.collectives["peer"].isna()]
+    if coll.empty:
+        return []
+    kinds = coll.groupby(["group", "seq"]).agg(ops=("op", "nunique"), sizes=("bytes", "nunique"))
+    bad = kinds[(kinds["ops"] > 1) | (kinds["sizes"] > 1)]
+    if bad.empty:
+        return []
+    group, seq = bad.index[0]
+    rows = coll[(coll["group"] == group) & (coll["seq"] == seq)]
+    calls = {
+        int(r): f"{o} of {b} bytes"
+        for r, o, b in zip(rows["rank"], rows["op"], rows["bytes"], strict=True)
+    }
+    majority = rows.groupby(["op", "bytes"]).size().idxmax()
+    odd = sorted(
+        int(r)
+        for r, o, b in zip(rows["rank"], rows["op"], rows["bytes"], strict=True)
+        if (o, b) != majority
+    )
+    return [
+        Finding(
+            code="hang",
+            severity="error",
+            ranks=odd,
+            first_step=int(rows["step"].min()),
+            last_step=None,
+            message=(
+                f"ranks disagree on collective (group {group}, seq {seq}): "
+                + ", ".join(f"rank {r} called {c}" for r, c in sorted(calls.items()))
+                + f"; {len(bad)} such mismatch(es) in all"
+            ),
+            suggestion="make every rank issue the same collectives in the same order and size",
+            evidence={"group": group, "seq": int(seq), "calls": calls, "mismatches": len(bad)},
+        )
+    ]
+
+
+def check(run: RunSummary) -> list[Finding]:
+    return _missing(run) + _mismatched(run)
