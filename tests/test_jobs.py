@@ -154,3 +154,28 @@ def test_zero_bubble_schedule_records_input_and_weight_gradients_per_virtual_sta
         [0, 2],
     )
     assert meta["actions"][:2] == ["0F0", "0F1"]
+
+
+def test_a_straggler_planted_on_a_random_rank_is_found(run_job) -> None:
+    import random
+
+    from dtprof.analysis import analyze
+
+    slow = random.Random().randrange(3)  # a different rank from run to run, and said on failure
+    trace = run_job(
+        "straggler-ddp",
+        3,
+        "--steps",
+        "24",
+        "--device-ms",
+        "20",
+        "--bucket-mb",
+        "0.25",
+        "--slow-rank",
+        str(slow),
+        "--slow-fraction",
+        "0.4",
+    )
+    findings = analyze(trace).findings
+    assert [(f.code, f.ranks) for f in findings] == [("straggler", [slow])], (slow, findings)
+    assert findings[0].evidence["slowdown"] > 1.2
