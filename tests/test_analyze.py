@@ -114,22 +114,32 @@ def test_a_rank_killed_early_is_reported(tmp_path: Path) -> None:
     assert finding.evidence == {"last_step": 3, "furthest_step": 9, "status": "running"}
 
 
-def test_periodic_slow_batches_on_one_rank_are_a_data_stall(tmp_path: Path) -> None:
+def _data_phases(trace: Path, steps: int, stalls: dict[int, float]) -> None:
+    """3 ranks, 30 ms steps, 0.2 ms data phases; rank 0's data phase lasts stalls[step] ms."""
     for rank in range(3):
         rows: dict[str, list[tuple]] = {"steps": [], "spans": []}
-        for step in range(12):
+        for step in range(steps):
             t0 = step * 30 * MS
-            data = 12 * MS if rank == 0 and step % 3 == 2 else MS // 5
+            data = int(stalls.get(step, 0.2) * MS) if rank == 0 else MS // 5
             rows["steps"].append((step, t0, t0 + 30 * MS))
             rows["spans"] += [
                 (step, "data", "phase", t0, t0 + data, 0, None, None),
                 (step, "forward", "phase", t0 + data, t0 + 20 * MS, 0, None, None),
             ]
-        write_rank(tmp_path, rank_meta(rank, 3), rows)
+        write_rank(trace, rank_meta(rank, 3), rows)
+
+
+def test_periodic_slow_batches_on_one_rank_are_a_data_stall(tmp_path: Path) -> None:
+    _data_phases(tmp_path, 12, {2: 12, 5: 12, 8: 12, 11: 12})
     (finding,) = analyze(tmp_path).findings
     assert (finding.code, finding.ranks, finding.first_step) == ("data-stall", [0], 2)
     assert finding.evidence["stall_steps"] == [2, 5, 8, 11]
     assert finding.evidence["period_steps"] == 3
+
+
+def test_two_short_hiccups_costing_under_one_percent_are_no_data_stall(tmp_path: Path) -> None:
+    _data_phases(tmp_path, 24, {7: 3.2, 15: 3.2})  # past the per-step bar, 0.8% of the time
+    assert analyze(tmp_path).findings == []
 
 
 @pytest.mark.parametrize(("inside_backward", "found"), [(True, []), (False, ["poor-overlap"])])

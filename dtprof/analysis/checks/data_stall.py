@@ -2,8 +2,9 @@
 
 Rule: a rank's data phase (from the end of a step to its next forward) stalls in a step when it
 is longer than 10% of the median step and more than 5x the median data phase of all ranks.
-Reported for a rank with stalls in at least 2 analysed steps (the first 10% of steps, at least
-2, are skipped); a warning, an error when stalls take more than 10% of the rank's time.
+Reported for a rank with stalls in at least 2 analysed steps that together cost at least 1% of
+its time (scheduling jitter on a busy host makes the odd short one); the first 10% of steps, at
+least 2, are skipped. A warning; an error when stalls take more than 10% of the rank's time.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dtprof.analysis.summarize import RunSummary
 STEP_SHARE = 0.10
 OVER_MEDIAN = 5.0
 MIN_STALLS = 2
+MIN_SHARE = 0.01
 ERROR_SHARE = 0.10
 
 
@@ -36,6 +38,8 @@ def check(run: RunSummary) -> list[Finding]:
         stall_steps = sorted(int(s) for s in rows["step"])
         lost_s = float((rows["data_ns"] - median_data).sum()) / 1e9
         share = lost_s * 1e9 / float(steps.loc[steps["rank"] == rank, "step_ns"].sum())
+        if share < MIN_SHARE:
+            continue
         gaps = np.diff(stall_steps)
         period = int(gaps[0]) if len(gaps) and (gaps == gaps[0]).all() else None
         every = f", every {period} steps" if period else ""
