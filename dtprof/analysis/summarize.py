@@ -12,18 +12,16 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
 
 from dtprof.errors import DtprofError
 from dtprof.trace.reader import (
-    _NULLABLE_INTS,
-    INFLIGHT_DTYPES,
-    META_FILE,
-    _align,
+    ClockParams,
     clock_params,
+    inflight_frame,
     read_inflight,
-    read_meta,
+    read_rank_meta,
     read_table,
+    table_frame,
 )
 from dtprof.trace.schema import TABLES
 
@@ -48,23 +46,15 @@ class RankSummary:
     last_span: pd.DataFrame  # rank, step, name, kind, end_ns: what the rank did last
 
 
-def _frame(folder: Path, name: str, rank: int, params: dict[int, Any]) -> pd.DataFrame:
-    table = read_table(folder, TABLES[name])
-    table = table.add_column(0, "rank", pa.array(np.full(table.num_rows, rank, np.int32)))
-    df = table.to_pandas(types_mapper=_NULLABLE_INTS.get)
-    df["rank"] = df["rank"].astype("int32")
-    _align(df, TABLES[name].time_columns, params)
-    return df
+def _frame(folder: Path, name: str, rank: int, params: dict[int, ClockParams]) -> pd.DataFrame:
+    return table_frame(TABLES[name], [(rank, read_table(folder, TABLES[name]))], params)
 
 
 def summarize_rank(folder: str | Path) -> RankSummary:
     """Read one ``rank=NNNNN`` folder and reduce it to per-step tables."""
     folder = Path(folder)
-    meta = read_meta(folder)
+    meta = read_rank_meta(folder)
     rank = int(meta["rank"])
-    named = folder.name.partition("=")[2]
-    if not named.isdigit() or int(named) != rank:
-        raise DtprofError(f"{folder / META_FILE}: says rank {rank} but the folder is {folder.name}")
     params = {rank: clock_params(meta)}
     steps = _frame(folder, "steps", rank, params)
     spans = _frame(folder, "spans", rank, params)
@@ -95,16 +85,9 @@ def summarize_rank(folder: str | Path) -> RankSummary:
         fingerprints=_frame(folder, "fingerprints", rank, params),
         memory=_memory(_frame(folder, "samples", rank, params)),
         events=_frame(folder, "events", rank, params),
-        inflight=_inflight(folder, rank, params),
+        inflight=inflight_frame([(rank, read_inflight(folder))], params),
         last_span=spans.sort_values("end_ns").tail(1)[["rank", "step", "name", "kind", "end_ns"]],
     )
-
-
-def _inflight(folder: Path, rank: int, params: dict[int, Any]) -> pd.DataFrame:
-    rows = [dict(r, rank=rank) for r in read_inflight(folder)]
-    df = pd.DataFrame(rows, columns=list(INFLIGHT_DTYPES)).astype(INFLIGHT_DTYPES)
-    _align(df, ["start_ns"], params)
-    return df
 
 
 def _memory(samples: pd.DataFrame) -> pd.DataFrame:

@@ -186,7 +186,10 @@ INFLIGHT_DTYPES = {
 _NULLABLE_INTS = {pa.int16(): pd.Int16Dtype(), pa.int32(): pd.Int32Dtype()}
 
 
-def clock_params(meta: dict[str, Any]) -> tuple[int, float, float, float]:
+ClockParams = tuple[int, float, float, float]
+
+
+def clock_params(meta: dict[str, Any]) -> ClockParams:
     """(mono_to_wall_ns, offset at t0, t0, drift in ns per ns) for one rank.
 
     Drift is applied only when the exit estimate differs from the start estimate by more than
@@ -231,12 +234,49 @@ def _align(
             df[col] = aligned
 
 
-def _load_rank(rank: int, folder: Path) -> tuple[dict[str, Any], dict[str, pa.Table], list[Any]]:
+def read_rank_meta(folder: Path) -> dict[str, Any]:
+    """A rank folder's meta.json, checked against the rank in the folder's name."""
     meta = read_meta(folder)
-    if int(meta["rank"]) != rank:
+    named = folder.name[len(RANK_DIR_PREFIX) :]
+    if not folder.name.startswith(RANK_DIR_PREFIX) or not named.isdigit():
+        raise DtprofError(f"{folder}: rank folder name is not rank=<number>")
+    if int(meta["rank"]) != int(named):
         raise DtprofError(
-            f"{folder / META_FILE}: says rank {meta['rank']} but the folder is rank {rank}"
+            f"{folder / META_FILE}: says rank {meta['rank']} but the folder is rank {int(named)}"
         )
+    return meta
+
+
+def table_frame(
+    table: Table, by_rank: list[tuple[int, pa.Table]], params: dict[int, ClockParams]
+) -> pd.DataFrame:
+    """One table of some ranks as pandas: a rank column first, times on rank 0's clock."""
+    parts = [
+        t.add_column(0, "rank", pa.array(np.full(t.num_rows, r, np.int32))) for r, t in by_rank
+    ]
+    data = (
+        pa.concat_tables(parts)
+        if parts
+        else table.schema.empty_table().add_column(0, "rank", pa.array([], pa.int32()))
+    )
+    df = data.to_pandas(types_mapper=_NULLABLE_INTS.get)
+    df["rank"] = df["rank"].astype("int32")
+    _align(df, table.time_columns, params)
+    return df
+
+
+def inflight_frame(
+    by_rank: list[tuple[int, list[dict[str, Any]]]], params: dict[int, ClockParams]
+) -> pd.DataFrame:
+    """inflight.json rows of some ranks as pandas, start_ns on rank 0's clock."""
+    rows = [dict(row, rank=rank) for rank, rank_rows in by_rank for row in rank_rows]
+    df = pd.DataFrame(rows, columns=list(INFLIGHT_DTYPES)).astype(INFLIGHT_DTYPES)
+    _align(df, ["start_ns"], params)
+    return df
+
+
+def _load_rank(folder: Path) -> tuple[dict[str, Any], dict[str, pa.Table], list[Any]]:
+    meta = read_rank_meta(folder)
     tables = {name: read_table(folder, t) for name, t in TABLES.items()}
     return meta, tables, read_inflight(folder)
 
@@ -261,7 +301,7 @@ def load_trace(path: str | os.PathLike[str], threads: int | None = None) -> Trac
     rank_dirs = find_rank_dirs(root)
     workers = threads or min(8, (os.cpu_count() or 2) * 2)
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        loaded = list(pool.map(lambda rd: _load_rank(*rd), rank_dirs))
+        loaded = list(pool.map(lambda rd: _load_rank(rd[1]), rank_dirs))
 
     metas = {rank: meta for (rank, _), (meta, _, _) in zip(rank_dirs, loaded, strict=True)}
     sizes = {int(m.get("world_size", 0)) for m in metas.values()}
@@ -274,27 +314,20 @@ def load_trace(path: str | os.PathLike[str], threads: int | None = None) -> Trac
 
     frames: dict[str, pd.DataFrame] = {}
     for name, table in TABLES.items():
-        parts = []
-        for (rank, _), (_, tables, _) in zip(rank_dirs, loaded, strict=True):
-            t = tables[name]
-            parts.append(t.add_column(0, "rank", pa.array(np.full(t.num_rows, rank, np.int32))))
-        df = pa.concat_tables(parts).to_pandas(types_mapper=_NULLABLE_INTS.get)
-        df["rank"] = df["rank"].astype("int32")
-        _align(df, table.time_columns, params)
-        frames[name] = df
+        by_rank = [
+            (rank, tables[name])
+            for (rank, _), (_, tables, _) in zip(rank_dirs, loaded, strict=True)
+        ]
+        frames[name] = table_frame(table, by_rank, params)
     groups = frames["groups"]
     if not groups.empty:
         groups = groups.drop(columns="rank").drop_duplicates("group").reset_index(drop=True)
         groups["ranks"] = groups["ranks"].map(lambda r: [int(x) for x in r])
     frames["groups"] = groups
 
-    inflight_rows = [
-        dict(row, rank=rank)
-        for (rank, _), (_, _, rows) in zip(rank_dirs, loaded, strict=True)
-        for row in rows
-    ]
-    inflight = pd.DataFrame(inflight_rows, columns=list(INFLIGHT_DTYPES)).astype(INFLIGHT_DTYPES)
-    _align(inflight, ["start_ns"], params)
+    inflight = inflight_frame(
+        [(rank, rows) for (rank, _), (_, _, rows) in zip(rank_dirs, loaded, strict=True)], params
+    )
 
     ranks = pd.DataFrame([_rank_row(meta) for meta in metas.values()])
     return Trace(path=root, ranks=ranks, inflight=inflight, meta=metas, **frames)
