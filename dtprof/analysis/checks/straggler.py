@@ -62,14 +62,15 @@ def check(run: RunSummary) -> list[Finding]:
         return []
 
     # the culprit of each collective, and the waiting charged to it
-    culprit = coll[coll["is_last"]].drop_duplicates(["group", "seq"])[["group", "seq", "rank"]]
+    last = coll[coll["is_last"]]
+    culprit = last.drop_duplicates(["group", "seq"])[["group", "seq", "rank"]]
     waits = coll.groupby(["group", "seq"])["wait_ns"].sum().rename("caused_ns").reset_index()
     charged = culprit.merge(waits, on=["group", "seq"])
     caused_by = charged.groupby("rank")["caused_ns"].sum()
     suspect = int(caused_by.idxmax())
 
     # chronic: last arriver at most collectives of most steps
-    per_step = coll[coll["is_last"]].groupby(["step", "rank"]).size().unstack(fill_value=0)
+    per_step = last.groupby(["step", "rank"]).size().unstack(fill_value=0)
     step_culprit = per_step.idxmax(axis=1)
     share = float((step_culprit == suspect).mean())
 
@@ -90,13 +91,8 @@ def check(run: RunSummary) -> list[Finding]:
 
     caused_s = float(caused_by[suspect]) / 1e9
     analysed = sorted(steps["step"].unique())
-    last_share = float(
-        coll[coll["is_last"]]["rank"]
-        .eq(suspect)
-        .groupby([coll[coll["is_last"]]["group"], coll[coll["is_last"]]["seq"]])
-        .any()
-        .mean()
-    )
+    # share of collectives it entered last (a tie for last counts)
+    last_share = float(last["rank"].eq(suspect).groupby([last["group"], last["seq"]]).any().mean())
     severity = "error" if slowdown >= ERROR_SLOWDOWN else "warning"
     host = run.meta[suspect].get("host", "?")
     return [
