@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dtprof.analysis.report import Report
+from dtprof.analysis.report import Finding, Report
 
 _COLUMNS = ("rank", "steps", "step_ms", "compute_ms", "data_ms", "other_ms")
 _HEADERS = ("rank", "steps", "step ms", "compute ms", "data ms", "other ms")
@@ -22,23 +22,28 @@ def _headline(report: Report) -> str:
     return f"{t['path']}: {ranks}, {t['steps']} steps{step}"
 
 
+def _rank_cells(report: Report) -> list[list[str]]:
+    """The per-rank table's cells, one list per rank, in _COLUMNS order."""
+    return [[_cell(row.get(c)) for c in _COLUMNS] for row in report.summary.get("ranks", [])]
+
+
+def _where(f: Finding) -> str:
+    return f"ranks {', '.join(map(str, f.ranks))}, steps {f.first_step}-{f.last_step}"
+
+
 def text(report: Report) -> str:
     """Headline, per-rank table, then findings by severity with evidence and a suggestion."""
     lines = [_headline(report), ""]
     widths = [max(len(h), 8) for h in _HEADERS]
     lines.append("  ".join(h.rjust(w) for h, w in zip(_HEADERS, widths, strict=True)))
-    for row in report.summary.get("ranks", []):
-        cells = [_cell(row.get(c)) for c in _COLUMNS]
+    for cells in _rank_cells(report):
         lines.append("  ".join(c.rjust(w) for c, w in zip(cells, widths, strict=True)))
     lines.append("")
     findings = report.sorted_findings()
     if not findings:
         lines.append("no findings")
     for f in findings:
-        lines.append(
-            f"{f.severity.upper()} {f.code} (ranks {', '.join(map(str, f.ranks))}, "
-            f"steps {f.first_step}-{f.last_step}): {f.message}"
-        )
+        lines.append(f"{f.severity.upper()} {f.code} ({_where(f)}): {f.message}")
         lines.append(f"    try: {f.suggestion}")
         evidence = ", ".join(f"{k}={v}" for k, v in f.evidence.items() if not isinstance(v, dict))
         if evidence:
@@ -51,15 +56,14 @@ def markdown(report: Report) -> str:
     lines = [f"### dtprof: {_headline(report)}", ""]
     lines.append("| " + " | ".join(_HEADERS) + " |")
     lines.append("|" + "---|" * len(_HEADERS))
-    for row in report.summary.get("ranks", []):
-        lines.append("| " + " | ".join(_cell(row.get(c)) for c in _COLUMNS) + " |")
+    for cells in _rank_cells(report):
+        lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
     findings = report.sorted_findings()
     if not findings:
         lines.append("No findings.")
     for f in findings:
         lines.append(
-            f"- **{f.severity}** `{f.code}` ranks {', '.join(map(str, f.ranks))}, "
-            f"steps {f.first_step}-{f.last_step}: {f.message}. *Try:* {f.suggestion}."
+            f"- **{f.severity}** `{f.code}` {_where(f)}: {f.message}. *Try:* {f.suggestion}."
         )
     return "\n".join(lines)
