@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,24 +20,41 @@ MS = 1_000_000
 
 def _ddp_like(trace: Path, compute_ms: dict[int, float], steps: int = 12) -> None:
     """Ranks that compute, then all-reduce together: the slowest arrives last, waits least."""
-    world = len(compute_ms)
-    step_ms = max(compute_ms.values()) + 2
-    for rank, compute in compute_ms.items():
+    _ddp_steps(trace, len(compute_ms), steps, lambda rank, step: compute_ms[rank])
+
+
+def _ddp_steps(
+    trace: Path,
+    world: int,
+    steps: int,
+    compute: Callable[[int, int], float],
+    groups: list[list[int]] | None = None,
+) -> None:
+    """Like _ddp_like with compute ms per (rank, step), each group all-reducing on its own."""
+    groups = groups or [list(range(world))]
+    group_of = {r: (str(i), members) for i, members in enumerate(groups) for r in members}
+    step_ms = [max(compute(r, step) for r in range(world)) + 2 for step in range(steps)]
+    starts = [sum(step_ms[:step]) for step in range(steps)]
+    for rank in range(world):
+        name, members = group_of[rank]
         rows: dict[str, list[tuple]] = {"steps": [], "spans": [], "collectives": []}
+        rows["groups"] = [(name, "gloo", members)]
         for step in range(steps):
-            t0 = step * step_ms * MS
-            fwd_end = t0 + int(compute / 3 * MS)
-            bwd_end = t0 + int(compute * MS)
-            rows["steps"].append((step, t0, t0 + int(step_ms * MS)))
+            t0 = int(starts[step] * MS)
+            own = compute(rank, step)
+            fwd_end = t0 + int(own / 3 * MS)
+            bwd_end = t0 + int(own * MS)
+            rows["steps"].append((step, t0, t0 + int(step_ms[step] * MS)))
             rows["spans"] += [
                 (step, "forward", "phase", t0, fwd_end, 0, None, None),
                 (step, "backward", "phase", fwd_end, bwd_end, 0, None, None),
             ]
-            done = t0 + int((max(compute_ms.values()) + 1) * MS)  # when the last rank arrived
+            # done when the group's last member arrived, plus the transfer
+            done = t0 + int((max(compute(r, step) for r in members) + 1) * MS)
             rows["collectives"].append(
                 (
                     step,
-                    "0",
+                    name,
                     step,
                     "all_reduce",
                     4096,
@@ -282,6 +300,53 @@ def test_ranks_calling_different_collectives_is_a_hang(tmp_path: Path) -> None:
 def test_a_rank_within_jitter_is_no_straggler(tmp_path: Path) -> None:
     _ddp_like(tmp_path, {0: 20.0, 1: 20.8, 2: 20.0, 3: 20.4})
     assert analyze(tmp_path).findings == []
+
+
+def test_a_transient_straggler_is_reported_for_its_window_only(tmp_path: Path) -> None:
+    def compute(rank: int, step: int) -> float:
+        return 28.0 if rank == 2 and 20 <= step < 30 else 20.0 + 0.1 * ((rank + step) % 3)
+
+    _ddp_steps(tmp_path, 4, 40, compute)
+    (finding,) = analyze(tmp_path).findings
+    assert (finding.code, finding.ranks, finding.severity) == ("straggler", [2], "warning")
+    assert (finding.first_step, finding.last_step) == (20, 29)
+    ev = finding.evidence
+    assert ev["chronic"] is False and ev["slowdown"] == pytest.approx(1.4, rel=0.02)
+    # 10 steps x 3 ranks waiting ~8 ms each; those steps ~1.3x faster at the median
+    assert ev["wait_caused_s"] == pytest.approx(10 * 3 * 0.008, rel=0.05)
+    assert 1.2 < ev["speedup_if_fixed"] < 1.45
+
+
+def test_a_short_blip_is_no_straggler(tmp_path: Path) -> None:
+    _ddp_steps(tmp_path, 4, 40, lambda r, s: 28.0 if r == 2 and 20 <= s < 23 else 20.0)
+    assert analyze(tmp_path).findings == []
+
+
+def test_stragglers_are_found_inside_subgroups(tmp_path: Path) -> None:
+    # two data-parallel groups of two; rank 3 holds up only its own group
+    _ddp_steps(tmp_path, 4, 20, lambda r, s: 27.0 if r == 3 else 20.0, groups=[[0, 1], [2, 3]])
+    (finding,) = analyze(tmp_path).findings
+    assert (finding.code, finding.ranks) == ("straggler", [3])
+    assert finding.evidence["chronic"] is True
+    # only rank 2 waited for it: 7 ms in each of the 18 analysed steps
+    assert finding.evidence["wait_caused_s"] == pytest.approx(18 * 0.007, rel=0.05)
+
+
+def test_slow_loading_shows_progress_on_stderr(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import dtprof.analysis
+
+    analyze(SAMPLES / "healthy-ddp", progress=True)
+    assert capsys.readouterr().err == ""  # quick: nothing
+    monkeypatch.setattr(dtprof.analysis, "PROGRESS_AFTER_S", -1.0)
+    analyze(SAMPLES / "healthy-ddp", progress=True)
+    assert capsys.readouterr().err == "dtprof: read 4/4 ranks\n"
+
+
+def test_a_window_inside_the_warm_up_gives_no_pipeline_finding() -> None:
+    # every step of the window is skipped as warm-up: nothing to measure, and no error
+    assert analyze(SAMPLES / "pipeline-gpipe", steps=(0, 2)).findings == []
 
 
 def test_steps_and_ranks_windows(tmp_path: Path) -> None:

@@ -78,8 +78,11 @@ def test_a_sigkilled_rank_leaves_a_readable_trace_up_to_about_a_second_before(
     # the analyzer reads the rest normally and says rank 1 stopped early
     stopped = [f for f in analyze(trace_dir).findings if f.code == "rank-stopped"]
     killed = next(f for f in stopped if f.ranks == [1])
-    assert killed.evidence["status"] == "running"
+    assert killed.evidence["status"] == "running" and killed.severity == "error"
     assert killed.evidence["last_step"] < killed.evidence["furthest_step"]
+    # rank 0 only lost its peer: a consequence, named as such
+    (follower,) = [f for f in stopped if f is not killed]
+    assert (follower.ranks, follower.severity, follower.evidence["after"]) == ([0], "warning", [1])
 
 
 def test_the_watchdog_records_a_hang_with_stacks_and_flushes_it_at_once(tmp_path: Path) -> None:

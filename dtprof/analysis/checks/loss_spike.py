@@ -28,14 +28,13 @@ def spikes(scalars: pd.DataFrame) -> pd.DataFrame:
         return s.assign(baseline=pd.Series(dtype=float))
     keys = [s["rank"], s["name"]]
     prev = s.groupby(keys)["value"].shift(1)
-    grouped = prev.groupby(keys)
-    median = grouped.transform(lambda v: v.rolling(WINDOW, min_periods=MIN_HISTORY).median())
-    mad = (
-        (prev - median)
-        .abs()
-        .groupby(keys)
-        .transform(lambda v: v.rolling(WINDOW, min_periods=MIN_HISTORY).median())
-    )
+
+    def rolling_median(values: pd.Series) -> pd.Series:
+        by = values.groupby(keys, sort=False).rolling(WINDOW, min_periods=MIN_HISTORY)
+        return by.median().droplevel([0, 1])
+
+    median = rolling_median(prev)
+    mad = rolling_median((prev - median).abs())
     spike = (s["value"] > TIMES_MEDIAN * median) & (s["value"] > median + MADS * mad)
     return s[spike.fillna(False)].assign(baseline=median[spike.fillna(False)])
 

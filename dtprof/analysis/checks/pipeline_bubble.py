@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from dtprof.analysis.checks.poor_overlap import overlap_per_rank
+from dtprof.analysis.checks.poor_overlap import intervals_by_rank, overlap_per_rank
 from dtprof.analysis.checks.straggler import warmup_steps
 from dtprof.analysis.report import Finding
 from dtprof.analysis.summarize import RunSummary
@@ -55,6 +55,8 @@ def check(run: RunSummary) -> list[Finding]:
     skip = warmup_steps(run.steps["step"])
     steps = run.steps[run.steps["step"] >= skip].set_index(["rank", "step"])["step_ns"]
     actions = run.actions[run.actions["step"] >= skip]
+    if actions.empty or steps.sum() <= 0:
+        return []  # every step still in warm-up
     busy = _union_ns(actions, ["rank", "step"]).reindex(steps.index, fill_value=0)
     idle = (steps - busy).clip(lower=0)
     measured = float(idle.sum() / steps.sum())
@@ -71,7 +73,7 @@ def check(run: RunSummary) -> list[Finding]:
     comm_outside = 0.0
     if not p2p.empty:
         per = overlap_per_rank(
-            p2p[["rank", "step", "start_ns", "end_ns"]],
+            intervals_by_rank(p2p),
             actions[["rank", "step", "start_ns", "end_ns"]],
         )
         comm_outside = float((per["comm_ns"] - per["overlap_ns"]).sum())

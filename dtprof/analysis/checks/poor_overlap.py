@@ -1,11 +1,11 @@
 """poor-overlap: communication that runs while no compute does, on every step.
 
-Rule: per rank, communication time is the union of the transfer intervals of its collectives on
-the whole world, seen on every rank, each from the moment the last member entered (waiting for
-a late rank is the straggler's, not overlap's); overlapped time is the part of it during a
-forward, backward or optimizer phase (HTA's definition: overlapped / all communication). The
-exposed rest as a share of the step is flagged at >= 25% (warning; >= 50%: error) on the ranks
-where it happens. The first steps (10%, at least 2) are skipped.
+Rule: per rank, communication time is the union of the transfer intervals of its collectives
+(those every member of their group recorded), each from the moment the last member entered
+(waiting for a late rank is the straggler's, not overlap's); overlapped time is the part of it
+during a forward, backward or optimizer phase (HTA's definition: overlapped / all
+communication). The exposed rest as a share of the step is flagged at >= 25% (warning; >= 50%:
+error) on the ranks where it happens. The first steps (10%, at least 2) are skipped.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from dtprof.analysis.checks.straggler import arrivals, warmup_steps
+from dtprof.analysis.checks.straggler import warmup_steps
 from dtprof.analysis.report import Finding
 from dtprof.analysis.summarize import RunSummary
 
@@ -21,57 +21,69 @@ WARN_EXPOSED = 0.25
 ERROR_EXPOSED = 0.50
 
 
-def transfer_intervals(collectives: pd.DataFrame, world_size: int) -> pd.DataFrame:
-    """rank, step, start_ns, end_ns of each collective's transfer: from the last member's entry.
+def transfer_intervals(run: RunSummary, first_step: int) -> dict[int, list[np.ndarray]]:
+    """Per rank, the [start, end] ns arrays of its collectives' transfers from first_step on.
 
-    Only collectives seen on every rank count: with a member missing (a --ranks subset, a
-    stopped rank) waiting cannot be told from transfer. p2p is left out.
+    A transfer starts when the last member entered. Only collectives every member of the group
+    recorded count: with a member missing (a --ranks subset, a stopped rank) waiting cannot be
+    told from transfer. p2p is left out.
     """
-    coll = arrivals(collectives, world_size)
-    start = coll["last_start_ns"].to_numpy()
-    return pd.DataFrame(
-        {
-            "rank": coll["rank"].to_numpy(),
-            "step": coll["step"].to_numpy(),
-            "start_ns": start,
-            "end_ns": np.maximum(start, coll["end_ns"].to_numpy()),
-        }
-    )
+    out: dict[int, list[np.ndarray]] = {}
+    for g in run.matched:
+        keep = g.complete & (g.step >= first_step)
+        if not keep.any():
+            continue
+        start = g.start[keep].max(axis=1)
+        end = np.maximum(start[:, None], g.end[keep])
+        for col, rank in enumerate(g.ranks):
+            out.setdefault(int(rank), []).append(np.stack([start, end[:, col]]))
+    return out
 
 
-def overlap_per_rank(comm: pd.DataFrame, compute: pd.DataFrame) -> pd.DataFrame:
-    """Per rank: communication ns (union) and the ns of it during compute, by an event sweep."""
+def intervals_by_rank(frame: pd.DataFrame) -> dict[int, list[np.ndarray]]:
+    """A frame's rank, start_ns, end_ns as transfer_intervals gives them."""
+    return {
+        int(rank): [rows[["start_ns", "end_ns"]].to_numpy(np.int64).T]
+        for rank, rows in frame.groupby("rank")
+    }
 
-    def events(df: pd.DataFrame, comm_delta: int, comp_delta: int) -> pd.DataFrame:
-        n = len(df)
-        return pd.DataFrame(
-            {
-                "rank": np.concatenate([df["rank"].to_numpy()] * 2),
-                "t": np.concatenate([df["start_ns"].to_numpy(), df["end_ns"].to_numpy()]),
-                "dcomm": np.repeat([comm_delta, -comm_delta], n),
-                "dcomp": np.repeat([comp_delta, -comp_delta], n),
-            }
-        )
 
-    ev = pd.concat([events(comm, 1, 0), events(compute, 0, 1)], ignore_index=True)
-    ev = ev.sort_values(["rank", "t"], kind="stable").reset_index(drop=True)
-    by_rank = ev.groupby("rank")
-    comm_on = by_rank["dcomm"].cumsum().to_numpy() > 0
-    comp_on = by_rank["dcomp"].cumsum().to_numpy() > 0
-    dt = by_rank["t"].shift(-1).to_numpy() - ev["t"].to_numpy()
-    dt = np.nan_to_num(dt, nan=0.0)
-    ev["comm_ns"] = np.where(comm_on, dt, 0.0)
-    ev["overlap_ns"] = np.where(comm_on & comp_on, dt, 0.0)
-    return ev.groupby("rank")[["comm_ns", "overlap_ns"]].sum()
+def covered(comm: np.ndarray, compute: np.ndarray) -> tuple[int, int]:
+    """ns covered by the union of comm intervals, and ns of it inside compute intervals.
+
+    Both are (2, n) arrays of [start, end]; one sorted sweep over their edges.
+    """
+    t = np.concatenate([comm[0], comm[1], compute[0], compute[1]])
+    nc, np_ = comm.shape[1], compute.shape[1]
+    dcomm = np.concatenate([np.ones(nc), -np.ones(nc), np.zeros(2 * np_)]).astype(np.int32)
+    dcomp = np.concatenate([np.zeros(2 * nc), np.ones(np_), -np.ones(np_)]).astype(np.int32)
+    order = np.argsort(t, kind="stable")
+    t = t[order]
+    comm_on = np.cumsum(dcomm[order])[:-1] > 0
+    comp_on = np.cumsum(dcomp[order])[:-1] > 0
+    dt = np.diff(t)
+    return int(dt[comm_on].sum()), int(dt[comm_on & comp_on].sum())
+
+
+def overlap_per_rank(comm: dict[int, list[np.ndarray]], compute: pd.DataFrame) -> pd.DataFrame:
+    """Per rank: communication ns (union) and the ns of it during compute."""
+    phases = compute.sort_values("rank", kind="stable")
+    ranks = phases["rank"].to_numpy()
+    spans = phases[["start_ns", "end_ns"]].to_numpy(np.int64).T
+    rows = {}
+    for rank, parts in comm.items():
+        lo, hi = np.searchsorted(ranks, rank), np.searchsorted(ranks, rank, side="right")
+        rows[rank] = covered(np.concatenate(parts, axis=1), spans[:, lo:hi])
+    return pd.DataFrame.from_dict(rows, orient="index", columns=["comm_ns", "overlap_ns"])
 
 
 def check(run: RunSummary) -> list[Finding]:
     if run.collectives.empty or run.phases.empty or run.steps.empty:
         return []
     skip = warmup_steps(run.steps["step"])
-    comm = transfer_intervals(run.collectives[run.collectives["step"] >= skip], run.world_size)
+    comm = transfer_intervals(run, skip)
     compute = run.phases[run.phases["step"] >= skip]
-    if comm.empty:
+    if not comm:
         return []
     per = overlap_per_rank(comm, compute)
     step_ns = run.steps[run.steps["step"] >= skip].groupby("rank")["step_ns"].sum()

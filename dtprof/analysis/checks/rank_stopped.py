@@ -3,6 +3,8 @@
 Rule: a rank whose last recorded step is at least 2 steps behind the furthest rank, or whose
 metadata says it did not finish cleanly (killed: status still "running" after the others
 finished; "raised ..."; "recording stopped: ..."). An error; the rest is analysed as usual.
+A rank that raised from a collective that failed (a peer gone) while another rank stopped for
+its own reason is a consequence: one warning for all of those, naming the ranks they followed.
 """
 
 from __future__ import annotations
@@ -18,33 +20,65 @@ def check(run: RunSummary) -> list[Finding]:
     furthest = int(last.max()) if last is not None and len(last) else -1
     statuses = {r: str(m.get("status", "")) for r, m in run.meta.items()}
     others_done = any(s == "finished" for s in statuses.values())
-    findings = []
+    stopped = {}
     for rank in run.ranks:
         status = statuses[rank]
         rank_last = int(last[rank]) if last is not None and rank in last.index else -1
-        behind = furthest - rank_last
         unclean = status.startswith(("raised", "recording stopped")) or (
             status == "running" and others_done
         )
-        if behind < BEHIND_STEPS and not unclean:
-            continue
-        why = "was killed or lost" if status == "running" else status
-        findings.append(
-            Finding(
-                code="rank-stopped",
-                severity="error",
-                ranks=[rank],
-                first_step=rank_last + 1 if rank_last >= 0 else None,
-                last_step=furthest if furthest >= 0 else None,
-                message=(
-                    f"rank {rank}'s trace ends at step {rank_last} ({why}) while the furthest "
-                    f"rank reached step {furthest}"
-                ),
-                suggestion=(
-                    f"read rank {rank}'s log around step {rank_last + 1}: an exception, the OOM "
-                    "killer (dmesg) or a lost node; the hang finding says what the others waited in"
-                ),
-                evidence={"last_step": rank_last, "furthest_step": furthest, "status": status},
-            )
-        )
+        if furthest - rank_last >= BEHIND_STEPS or unclean:
+            stopped[rank] = rank_last
+    labels = run.collectives["label"].astype("string")
+    failed = set(run.collectives.loc[labels.str.endswith(";error", na=False), "rank"].tolist())
+    followers = {r for r in stopped if statuses[r].startswith("raised") and r in failed}
+    causes = sorted(set(stopped) - followers)
+    if not causes:
+        followers = set()
+    findings = [_stopped(r, stopped[r], furthest, statuses[r]) for r in causes]
+    if followers:
+        findings.append(_followed(sorted(followers), causes, stopped, statuses))
     return findings
+
+
+def _stopped(rank: int, rank_last: int, furthest: int, status: str) -> Finding:
+    why = "was killed or lost" if status == "running" else status
+    return Finding(
+        code="rank-stopped",
+        severity="error",
+        ranks=[rank],
+        first_step=rank_last + 1 if rank_last >= 0 else None,
+        last_step=furthest if furthest >= 0 else None,
+        message=(
+            f"rank {rank}'s trace ends at step {rank_last} ({why}) while the furthest "
+            f"rank reached step {furthest}"
+        ),
+        suggestion=(
+            f"read rank {rank}'s log around step {rank_last + 1}: an exception, the OOM "
+            "killer (dmesg) or a lost node; the hang finding says what the others waited in"
+        ),
+        evidence={"last_step": rank_last, "furthest_step": furthest, "status": status},
+    )
+
+
+def _followed(
+    ranks: list[int], causes: list[int], stopped: dict[int, int], statuses: dict[int, str]
+) -> Finding:
+    first = min(stopped[r] for r in ranks)
+    return Finding(
+        code="rank-stopped",
+        severity="warning",
+        ranks=ranks,
+        first_step=first + 1,
+        last_step=max(stopped[r] for r in ranks) + 1,
+        message=(
+            f"rank(s) {', '.join(map(str, ranks))} raised when a collective failed after rank(s) "
+            f"{', '.join(map(str, causes))} stopped: a consequence, not a cause"
+        ),
+        suggestion=f"start from rank {causes[0]}'s finding; these ranks only lost their peer",
+        evidence={
+            "after": causes,
+            "last_step": {r: stopped[r] for r in ranks},
+            "status": {r: statuses[r] for r in ranks},
+        },
+    )

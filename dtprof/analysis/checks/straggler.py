@@ -1,15 +1,23 @@
 """straggler: the rank the others wait for, found by arrival time at matched collectives.
 
-Rule: match each collective across ranks by (group, seq); the rank that entered it last is
-that collective's culprit, and every other member's wait (last arrival - its own arrival) is
-charged to it. A rank is a straggler when it was last at >= 50% of the analysed steps (chronic)
-and its own compute (forward + backward + optimizer, no waiting) is >= 1.10x the median of the
-ranks (warning; >= 1.20x: error). Never by the longest collective: the culprit has the
-shortest ones, since the others are already waiting when it arrives. The first steps (10%,
-at least 2) are skipped: DDP rebuilds its buckets and caches are cold.
+Rule: match each collective across its group's members by (group, seq); the member that
+entered it last is that collective's culprit, and every other member's wait (last arrival -
+its own arrival) is charged to it. Never by the longest collective: the culprit has the
+shortest ones, since the others are already waiting when it arrives.
+
+- Chronic: the rank charged with the most waiting caused the most of it in >= 50% of the
+  analysed steps, and its own compute (forward + backward + optimizer, no waiting) is >= 1.10x
+  the median of the ranks (warning; >= 1.20x: error).
+- Transient: otherwise, a window of >= 5 consecutive steps in each of which the same rank caused
+  the most waiting with compute >= 1.10x that step's median, >= 1.20x over the window
+  (a warning per window; the worst three are reported).
+
+The first steps (10%, at least 2) are skipped: DDP rebuilds its buckets and caches are cold.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -21,6 +29,9 @@ WARN_SLOWDOWN = 1.10
 ERROR_SLOWDOWN = 1.20
 CHRONIC_SHARE = 0.5
 MIN_STEPS = 5
+WINDOW_STEPS = 5
+WINDOW_SLOWDOWN = 1.20
+MAX_WINDOWS = 3
 
 
 def warmup_steps(steps: pd.Series) -> int:
@@ -29,98 +40,182 @@ def warmup_steps(steps: pd.Series) -> int:
     return max(2, n // 10)
 
 
-def arrivals(collectives: pd.DataFrame, world_size: int) -> pd.DataFrame:
-    """Collectives seen on every member rank, with each rank's wait and the last arriver.
+@dataclass(frozen=True)
+class Arrivals:
+    """Who arrived last at each complete collective, and who waited how long, per step."""
 
-    Only collectives on the world group's size are matched here (every rank takes part):
-    p2p operations and subgroups are left out.
-    """
-    coll = collectives[collectives["peer"].isna()]
-    coll = coll[["rank", "step", "group", "seq", "op", "start_ns", "end_ns"]]
-    members = coll.groupby(["group", "seq"])["rank"].transform("size")
-    coll = coll[members == world_size].copy()
-    if coll.empty:
-        return coll.assign(
-            last_start_ns=pd.Series(dtype="int64"),
-            wait_ns=pd.Series(dtype="int64"),
-            is_last=pd.Series(dtype=bool),
+    culprits: pd.DataFrame  # step, rank (the last to enter; ties: the lowest), caused_ns
+    waited: pd.DataFrame  # step, rank, wait_ns: each rank's waiting at collectives in the step
+    last_share: pd.Series  # by rank: share of the collectives it entered last (ties count)
+
+
+def arrivals(run: RunSummary, first_step: int) -> Arrivals:
+    """Charge the waiting at every complete collective from first_step on to its last arriver."""
+    culprits, waited = [], []
+    last_counts, member_rows = pd.Series(dtype="float64"), pd.Series(dtype="float64")
+    for g in run.matched:
+        keep = g.complete & (g.step >= first_step)
+        if not keep.any():
+            continue
+        start, step = g.start[keep], g.step[keep]
+        last = start.max(axis=1)
+        wait = last[:, None] - start
+        culprits.append(
+            pd.DataFrame(
+                {"step": step, "rank": g.ranks[start.argmax(axis=1)], "caused_ns": wait.sum(axis=1)}
+            )
         )
-    coll["last_start_ns"] = coll.groupby(["group", "seq"])["start_ns"].transform("max")
-    coll["wait_ns"] = coll["last_start_ns"] - coll["start_ns"]
-    coll["is_last"] = coll["wait_ns"] == 0
-    return coll
+        order = np.argsort(step, kind="stable")
+        steps, bounds = np.unique(step[order], return_index=True)
+        per_step = np.add.reduceat(wait[order], bounds, axis=0)
+        waited.append(
+            pd.DataFrame(
+                {
+                    "step": np.repeat(steps, len(g.ranks)),
+                    "rank": np.tile(g.ranks, len(steps)),
+                    "wait_ns": per_step.ravel(),
+                }
+            )
+        )
+        last_counts = last_counts.add(
+            pd.Series((wait == 0).sum(axis=0), index=g.ranks), fill_value=0
+        )
+        member_rows = member_rows.add(pd.Series(int(keep.sum()), index=g.ranks), fill_value=0)
+    if not culprits:
+        empty = pd.DataFrame({"step": [], "rank": [], "caused_ns": []}, dtype="int64")
+        return Arrivals(empty, empty.rename(columns={"caused_ns": "wait_ns"}), last_counts)
+    waits = pd.concat(waited, ignore_index=True).groupby(["step", "rank"], as_index=False).sum()
+    return Arrivals(pd.concat(culprits, ignore_index=True), waits, last_counts / member_rows)
 
 
 def check(run: RunSummary) -> list[Finding]:
-    world = run.world_size
-    if world < 2 or run.collectives.empty or run.steps.empty:
+    if run.world_size < 2 or run.collectives.empty or run.steps.empty:
         return []
     skip = warmup_steps(run.steps["step"])
     steps = run.steps[run.steps["step"] >= skip]
-    coll = arrivals(run.collectives[run.collectives["step"] >= skip], world)
-    if coll.empty or steps["step"].nunique() < MIN_STEPS:
+    if steps["step"].nunique() < MIN_STEPS or steps["compute_ns"].isna().all():
+        return []  # too short, or no phases recorded (no model given to profile())
+    arr = arrivals(run, skip)
+    if arr.culprits.empty:
         return []
-
-    # the culprit of each collective, and the waiting charged to it
-    last = coll[coll["is_last"]]
-    culprit = last.drop_duplicates(["group", "seq"])[["group", "seq", "rank"]]
-    waits = coll.groupby(["group", "seq"])["wait_ns"].sum().rename("caused_ns").reset_index()
-    charged = culprit.merge(waits, on=["group", "seq"])
-    caused_by = charged.groupby("rank")["caused_ns"].sum()
-    suspect = int(caused_by.idxmax())
-
-    # chronic: last arriver at most collectives of most steps
-    per_step = last.groupby(["step", "rank"]).size().unstack(fill_value=0)
+    # each step's culprit: the rank that caused the most waiting in it
+    per_step = arr.culprits.groupby(["step", "rank"])["caused_ns"].sum().unstack(fill_value=0)
     step_culprit = per_step.idxmax(axis=1)
-    share = float((step_culprit == suspect).mean())
-
+    caused_by = arr.culprits.groupby("rank")["caused_ns"].sum()
+    suspect = int(caused_by.idxmax())
     compute = steps.groupby("rank")["compute_ns"].median()
-    if compute.isna().all():
-        return []  # no phases recorded: no model given to profile()
     slowdown = float(compute[suspect] / compute.median())
-    if share < CHRONIC_SHARE or slowdown < WARN_SLOWDOWN:
-        return []
+    share = float((step_culprit == suspect).mean())
+    if share >= CHRONIC_SHARE and slowdown >= WARN_SLOWDOWN:
+        return [_finding(run, steps, arr, suspect, slowdown, chronic=True, share=share)]
+    return _transient(run, steps, arr, step_culprit)
 
+
+def _transient(
+    run: RunSummary, steps: pd.DataFrame, arr: Arrivals, step_culprit: pd.Series
+) -> list[Finding]:
+    """Windows of consecutive steps with one slow last arriver."""
+    compute = steps.pivot_table(index="step", columns="rank", values="compute_ns")
+    culprit = step_culprit.reindex(compute.index)
+    known = culprit.notna().to_numpy()
+    cols = compute.columns.get_indexer(culprit.fillna(-1).astype(int))
+    own = np.where(known & (cols >= 0), compute.to_numpy()[np.arange(len(cols)), cols], np.nan)
+    ratio = own / compute.median(axis=1).to_numpy()
+    flagged = ratio >= WARN_SLOWDOWN
+    # runs of flagged steps with the same culprit, steps consecutive
+    step_no = compute.index.to_numpy()
+    who = np.where(flagged, culprit.fillna(-1).to_numpy(), -1)
+    breaks = np.r_[True, (who[1:] != who[:-1]) | (np.diff(step_no) != 1)]
+    run_id = np.cumsum(breaks)
+    runs = pd.DataFrame({"run": run_id, "who": who, "step": step_no, "ratio": ratio})
+    runs = runs[runs["who"] >= 0].groupby("run").agg(
+        rank=("who", "first"),
+        first=("step", "first"),
+        last=("step", "last"),
+        n=("step", "size"),
+        slowdown=("ratio", "median"),
+    )
+    runs = runs[(runs["n"] >= WINDOW_STEPS) & (runs["slowdown"] >= WINDOW_SLOWDOWN)]
+    findings = []
+    for w in runs.sort_values("n", ascending=False).head(MAX_WINDOWS).itertuples():
+        window = steps[steps["step"].between(w.first, w.last)]
+        findings.append(
+            _finding(
+                run, window, arr, int(w.rank), float(w.slowdown), chronic=False, share=1.0
+            )
+        )
+    return sorted(findings, key=lambda f: f.first_step or 0)
+
+
+def _finding(
+    run: RunSummary,
+    steps: pd.DataFrame,
+    arr: Arrivals,
+    suspect: int,
+    slowdown: float,
+    *,
+    chronic: bool,
+    share: float,
+) -> Finding:
+    """The finding for one culprit over the given steps, with its cost and a what-if."""
+    in_steps = steps["step"].unique()
+    culprits = arr.culprits[arr.culprits["step"].isin(in_steps)]
+    caused_s = float(culprits.loc[culprits["rank"] == suspect, "caused_ns"].sum()) / 1e9
     # what-if: the culprit at the median compute; the others wait at most that much less
+    median = steps.groupby("step")["compute_ns"].median()
     step_ns = steps.groupby("step")["step_ns"].median()
-    excess = steps[steps["rank"] == suspect].set_index("step")["compute_ns"] - compute.median()
-    waited = coll[coll["rank"] != suspect].groupby(["step", "rank"])["wait_ns"].sum()
-    waited = waited.groupby("step").max().reindex(step_ns.index, fill_value=0)
+    excess = steps[steps["rank"] == suspect].set_index("step")["compute_ns"] - median
+    waited = arr.waited[(arr.waited["rank"] != suspect) & arr.waited["step"].isin(in_steps)]
+    waited = waited.groupby("step")["wait_ns"].max().reindex(step_ns.index, fill_value=0)
     saving = np.minimum(excess.reindex(step_ns.index).clip(lower=0).fillna(0), waited)
     speedup = float(step_ns.sum() / (step_ns - saving).sum())
-
-    caused_s = float(caused_by[suspect]) / 1e9
-    analysed = sorted(steps["step"].unique())
-    # share of collectives it entered last (a tie for last counts)
-    last_share = float(last["rank"].eq(suspect).groupby([last["group"], last["seq"]]).any().mean())
-    severity = "error" if slowdown >= ERROR_SLOWDOWN else "warning"
+    first, last = int(in_steps.min()), int(in_steps.max())
     host = run.meta[suspect].get("host", "?")
-    return [
-        Finding(
-            code="straggler",
-            severity=severity,
-            ranks=[suspect],
-            first_step=int(analysed[0]),
-            last_step=int(analysed[-1]),
-            message=(
-                f"rank {suspect} is a straggler: its compute is {slowdown:.2f}x the median and it "
-                f"arrived last at {last_share:.0%} of {len(culprit)} collectives; the other ranks "
-                f"waited {caused_s:.2f} s for it, and steps would be {speedup:.2f}x faster if it "
-                f"ran at the median"
-            ),
-            suggestion=(
-                f"look at rank {suspect}'s host ({host}) and device: clocks and temperature "
-                "(NVML samples), another process on it, or larger inputs on that rank"
-            ),
-            evidence={
-                "slowdown": round(slowdown, 4),
-                "wait_caused_s": round(caused_s, 6),
-                "speedup_if_fixed": round(speedup, 4),
-                "chronic": share >= CHRONIC_SHARE,
-                "last_arrival_share": round(last_share, 4),
-                "steps_last": round(share, 4),
-                "collectives_matched": len(culprit),
-                "median_compute_ms": {int(r): round(v / 1e6, 3) for r, v in compute.items()},
-            },
+    matched = len(culprits)
+    last_share = float(arr.last_share.get(suspect, 0.0))
+    if chronic:
+        severity = "error" if slowdown >= ERROR_SLOWDOWN else "warning"
+        message = (
+            f"rank {suspect} is a straggler: its compute is {slowdown:.2f}x the median and it "
+            f"arrived last at {last_share:.0%} of {matched} collectives; the other ranks "
+            f"waited {caused_s:.2f} s for it, and steps would be {speedup:.2f}x faster if it "
+            f"ran at the median"
         )
-    ]
+        suggestion = (
+            f"look at rank {suspect}'s host ({host}) and device: clocks and temperature "
+            "(NVML samples), another process on it, or larger inputs on that rank"
+        )
+    else:
+        severity = "warning"
+        message = (
+            f"rank {suspect} straggled in steps {first}-{last}: its compute was {slowdown:.2f}x "
+            f"the median there and it held the others up at each of those steps; they waited "
+            f"{caused_s:.2f} s for it, and those steps would be {speedup:.2f}x faster without it"
+        )
+        suggestion = (
+            f"find what else ran on rank {suspect}'s host ({host}) around steps {first}-{last}: "
+            "a checkpoint or evaluation on that rank, another job, thermal throttling (NVML "
+            "samples), a garbage collection"
+        )
+    return Finding(
+        code="straggler",
+        severity=severity,
+        ranks=[suspect],
+        first_step=first,
+        last_step=last,
+        message=message,
+        suggestion=suggestion,
+        evidence={
+            "slowdown": round(slowdown, 4),
+            "wait_caused_s": round(caused_s, 6),
+            "speedup_if_fixed": round(speedup, 4),
+            "chronic": chronic,
+            "last_arrival_share": round(last_share, 4),
+            "steps_last": round(share, 4),
+            "collectives_matched": matched,
+            "median_compute_ms": {
+                int(r): round(v / 1e6, 3)
+                for r, v in steps.groupby("rank")["compute_ns"].median().items()
+            },
+        },
+    )

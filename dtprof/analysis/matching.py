@@ -1,0 +1,112 @@
+"""Collectives matched across ranks: per process group, one row per seq, one column per member.
+
+The same operation carries the same (group, seq) on every member rank, and a group's seq
+numbers are dense, so each group's records scatter straight into a (seq x member) matrix: no
+sort and no hash join, and memory linear in the records. p2p operations are left out (their seq
+counts per sender-receiver pair). A row is complete when every member of the group recorded it:
+with a member's trace missing (a --ranks subset, a stopped rank) none is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+ABSENT = np.iinfo(np.int64).min
+
+
+@dataclass(frozen=True)
+class GroupMatrix:
+    """One process group's collectives: rows are seq numbers, columns member ranks."""
+
+    group: str
+    size: int  # the group's size, from the groups table (else the world's)
+    ranks: np.ndarray  # (m,) global ranks of the members seen, ascending
+    seq: np.ndarray  # (n,) the seq of each row
+    step: np.ndarray  # (n,) the step of each row (one member's)
+    start: np.ndarray  # (n, m) entry time per member, ns; ABSENT where it has no record
+    end: np.ndarray  # (n, m) completion time per member, ns; ABSENT likewise
+    op: np.ndarray  # (n,) the op name of each row (one member's)
+    agree: np.ndarray  # (n,) the members with a record agree on op and bytes (all-to-all: op)
+
+    @property
+    def complete(self) -> np.ndarray:
+        """Rows every member recorded."""
+        if len(self.ranks) < self.size:
+            return np.zeros(len(self.seq), bool)
+        return (self.start != ABSENT).all(axis=1)
+
+
+def _codes(values: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """Integer codes and the names they stand for, from a categorical or plain column."""
+    if isinstance(values.dtype, pd.CategoricalDtype):
+        return values.cat.codes.to_numpy(), np.asarray(values.cat.categories, dtype=object)
+    codes, names = pd.factorize(values)
+    return codes, np.asarray(names, dtype=object)
+
+
+def match(collectives: pd.DataFrame, sizes: pd.DataFrame, world_size: int) -> list[GroupMatrix]:
+    """Scatter every group's collectives (not p2p) into its matrix.
+
+    sizes (group, size) come from the groups table; a group missing there is taken to span the
+    world, so that a subset of ranks never passes for a whole group.
+    """
+    size_of = {}
+    if not sizes.empty:
+        size_of = dict(zip(sizes["group"], sizes["size"], strict=True))
+    coll = collectives
+    keep = coll["peer"].isna().to_numpy()
+    group_codes, group_names = _codes(coll["group"])
+    op_codes, op_names = _codes(coll["op"])
+    # all-to-all with uneven splits sends different sizes from each member by design
+    uneven = np.array(["all_to_all" in str(n) or "alltoall" in str(n) for n in op_names], bool)
+    size = np.where(uneven[op_codes], 0, coll["bytes"].to_numpy(np.int64))
+    columns = {
+        "rank": coll["rank"].to_numpy(),
+        "seq": coll["seq"].to_numpy(np.int64),
+        "step": coll["step"].to_numpy(np.int64),
+        "start": coll["start_ns"].to_numpy(np.int64),
+        "end": coll["end_ns"].to_numpy(np.int64),
+        # op and bytes in one number, to tell members that disagree
+        "kind": op_codes.astype(np.int64) * (1 << 48) + size,
+        "op": op_codes,
+    }
+    out = []
+    for code in np.unique(group_codes[keep]):
+        pick = keep & (group_codes == code)
+        c = {k: v if pick.all() else v[pick] for k, v in columns.items()}
+        members = np.unique(c["rank"])
+        col = np.searchsorted(members, c["rank"])
+        first = int(c["seq"].min())
+        row = c["seq"] - first
+        n, m = int(row.max()) + 1, len(members)
+        start = np.full((n, m), ABSENT, np.int64)
+        end = np.full((n, m), ABSENT, np.int64)
+        start[row, col] = c["start"]
+        end[row, col] = c["end"]
+        # one member's step, op and bytes per row; rows where another member differs disagree
+        step = np.zeros(n, np.int64)
+        step[row] = c["step"]
+        ref = np.zeros(n, np.int64)
+        ref[row] = c["kind"]
+        differ = np.bincount(row, weights=c["kind"] != ref[row], minlength=n) > 0
+        op = np.zeros(n, op_codes.dtype)
+        op[row] = c["op"]
+        rows = np.flatnonzero(np.bincount(row, minlength=n) > 0)
+        name = str(group_names[code])
+        out.append(
+            GroupMatrix(
+                group=name,
+                size=int(size_of.get(name, world_size)),
+                ranks=members,
+                seq=rows + first,
+                step=step[rows],
+                start=start[rows],
+                end=end[rows],
+                op=np.asarray(op_names, dtype=object)[op[rows]],
+                agree=~differ[rows],
+            )
+        )
+    return out
