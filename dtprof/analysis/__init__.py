@@ -5,15 +5,17 @@ from __future__ import annotations
 import os
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from dtprof.analysis.checks import CHECKS
+from dtprof.analysis.gpu import gpu_summary
+from dtprof.analysis.imported import summarize_imported
 from dtprof.analysis.report import Finding, Report
-from dtprof.analysis.summarize import RunSummary, combine, summarize_rank
+from dtprof.analysis.summarize import RankSummary, RunSummary, combine, summarize_rank
 from dtprof.errors import DtprofError
 from dtprof.trace.reader import find_rank_dirs
 
@@ -26,28 +28,60 @@ def analyze(
     steps: tuple[int | None, int | None] | None = None,
     ranks: list[int] | None = None,
     progress: bool = False,
+    scheduler: str | None = None,
+    workers: int | None = None,
 ) -> Report:
-    """Analyse a trace directory: every check on every rank (or the chosen steps and ranks)."""
+    """Analyse a trace directory: every check on every rank (or the chosen steps and ranks).
+
+    Each rank is summarized in this process's threads or processes, or, given a Dask
+    `scheduler` address or a number of local Dask `workers`, on that cluster.
+    """
     root = Path(path)
-    rank_dirs = find_rank_dirs(root)
-    if ranks is not None:
-        rank_dirs = [(r, d) for r, d in rank_dirs if r in set(ranks)]
-        if not rank_dirs:
-            raise DtprofError(f"{root}: none of the ranks {sorted(set(ranks))} is in this trace")
-    started = time.monotonic()
-    summaries = []
-    with ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 2) * 2)) as pool:
-        for i, summary in enumerate(pool.map(lambda rd: summarize_rank(rd[1]), rank_dirs), 1):
-            summaries.append(summary)
-            if (
-                progress
-                and time.monotonic() - started > 1.0
-                and (i % 64 == 0 or i == len(rank_dirs))
-            ):
-                print(f"dtprof: read {i}/{len(rank_dirs)} ranks", file=sys.stderr, flush=True)
+    summaries = summarize_imported(root, progress)  # None: a dtprof trace
+    if summaries is None:
+        rank_dirs = find_rank_dirs(root)
+        if ranks is not None:
+            rank_dirs = [(r, d) for r, d in rank_dirs if r in set(ranks)]
+        folders = [d for _, d in rank_dirs]
+        if folders and (scheduler or workers):
+            from dtprof.analysis.cluster import dask_map
+
+            paths = [str(f.resolve()) for f in folders]
+            summaries = dask_map(
+                summarize_rank, paths, scheduler=scheduler, workers=workers, progress=progress
+            )
+        else:
+            summaries = _summarize(folders, progress) if folders else []
+    elif ranks is not None:
+        summaries = [s for s in summaries if s.rank in set(ranks)]
+    if not summaries:
+        raise DtprofError(f"{root}: none of the ranks {sorted(set(ranks or []))} is in this trace")
     run = _window(combine(summaries), steps)
     findings = [finding for check in CHECKS for finding in check(run)]
     return Report(trace=_trace_info(root, run), summary=_summary(run), findings=findings)
+
+
+PROCESSES_FROM = 32  # ranks; below that, starting processes costs more than it saves
+PROGRESS_AFTER_S = 1.0  # loading that takes longer shows its progress on stderr
+
+
+def _summarize(folders: list[Path], progress: bool) -> list[RankSummary]:
+    """summarize_rank on every rank folder: in threads for a few, in processes for many."""
+    cpus = os.cpu_count() or 1
+    pool: Executor
+    if len(folders) >= PROCESSES_FROM and cpus > 1:
+        pool, chunk = ProcessPoolExecutor(max_workers=cpus), 4
+    else:
+        pool, chunk = ThreadPoolExecutor(max_workers=min(8, cpus * 2)), 1
+    started = time.monotonic()
+    summaries = []
+    with pool:
+        for i, summary in enumerate(pool.map(summarize_rank, folders, chunksize=chunk), 1):
+            summaries.append(summary)
+            late = time.monotonic() - started > PROGRESS_AFTER_S
+            if progress and late and (i % 64 == 0 or i == len(folders)):
+                print(f"dtprof: read {i}/{len(folders)} ranks", file=sys.stderr, flush=True)
+    return summaries
 
 
 def _window(run: RunSummary, steps: tuple[int | None, int | None] | None) -> RunSummary:
@@ -78,6 +112,8 @@ def _window(run: RunSummary, steps: tuple[int | None, int | None] | None) -> Run
         events=keep(run.events),
         inflight=run.inflight,
         last_span=run.last_span,
+        groups=run.groups,
+        gpu=run.gpu,
     )
 
 
@@ -116,7 +152,10 @@ def _summary(run: RunSummary) -> dict[str, Any]:
                 **{c: _round(row[c]) for c in ("step_ms", "compute_ms", "data_ms", "other_ms")},
             }
         )
-    return {"ranks": rows, "median_step_ms": _round(float(per["step_ms"].median()))}
+    out = {"ranks": rows, "median_step_ms": _round(float(per["step_ms"].median()))}
+    if not run.gpu.empty:
+        out.update(gpu_summary(run.gpu))
+    return out
 
 
 def _round(value: float) -> float | None:

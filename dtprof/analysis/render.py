@@ -27,6 +27,18 @@ def _rank_cells(report: Report) -> list[list[str]]:
     return [[_cell(row.get(c)) for c in _COLUMNS] for row in report.summary.get("ranks", [])]
 
 
+_GPU_COLUMNS = ("rank", "span_ms", "idle_pct", "compute_pct", "non_compute_pct", "comm_ms",
+                "comm_overlap_pct")  # fmt: skip
+_GPU_HEADERS = ("rank", "GPU span ms", "idle %", "compute %", "non-compute %", "comm ms",
+                "overlap %")  # fmt: skip
+
+
+def _gpu_cells(report: Report) -> list[list[str]]:
+    """Per-rank GPU figures (imported profiler traces only), in _GPU_COLUMNS order."""
+    gpu = report.summary.get("gpu") or {}
+    return [[_cell(row.get(c)) for c in _GPU_COLUMNS] for row in gpu.get("ranks", [])]
+
+
 def _where(f: Finding) -> str:
     return f"ranks {', '.join(map(str, f.ranks))}, steps {f.first_step}-{f.last_step}"
 
@@ -39,6 +51,12 @@ def text(report: Report) -> str:
     for cells in _rank_cells(report):
         lines.append("  ".join(c.rjust(w) for c, w in zip(cells, widths, strict=True)))
     lines.append("")
+    if _gpu_cells(report):
+        gw = [max(len(h), 8) for h in _GPU_HEADERS]
+        lines.append("  ".join(h.rjust(w) for h, w in zip(_GPU_HEADERS, gw, strict=True)))
+        for cells in _gpu_cells(report):
+            lines.append("  ".join(c.rjust(w) for c, w in zip(cells, gw, strict=True)))
+        lines += [f"({report.summary['gpu']['definitions']})", ""]
     findings = report.sorted_findings()
     if not findings:
         lines.append("no findings")
@@ -59,6 +77,11 @@ def markdown(report: Report) -> str:
     for cells in _rank_cells(report):
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
+    if _gpu_cells(report):
+        lines.append("| " + " | ".join(_GPU_HEADERS) + " |")
+        lines.append("|" + "---|" * len(_GPU_HEADERS))
+        lines += ["| " + " | ".join(cells) + " |" for cells in _gpu_cells(report)]
+        lines += ["", f"*{report.summary['gpu']['definitions']}.*", ""]
     findings = report.sorted_findings()
     if not findings:
         lines.append("No findings.")

@@ -6,13 +6,18 @@ everything after it works on these small tables only.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
+from dtprof.analysis.gpu import GPU_PHASE, compute_phases, gpu_figures
+from dtprof.analysis.matching import GroupMatrix, match
 from dtprof.errors import DtprofError
 from dtprof.trace.reader import (
     ClockParams,
@@ -25,7 +30,7 @@ from dtprof.trace.reader import (
 )
 from dtprof.trace.schema import TABLES
 
-COMPUTE_PHASES = ("forward", "backward", "optimizer")
+COMPUTE_PHASES = ("forward", "backward", "optimizer", GPU_PHASE)
 
 
 @dataclass(frozen=True)
@@ -44,31 +49,59 @@ class RankSummary:
     events: pd.DataFrame  # rank, step, ts_ns, kind, message, detail
     inflight: pd.DataFrame  # rank, step, group, seq, op, bytes, ..., start_ns (aligned)
     last_span: pd.DataFrame  # rank, step, name, kind, end_ns: what the rank did last
+    groups: pd.DataFrame  # group, size: the process groups this rank used, with their sizes
+    gpu: pd.DataFrame = field(default_factory=pd.DataFrame)  # gpu.gpu_figures(): one row or none
 
 
-def _frame(folder: Path, name: str, rank: int, params: dict[int, ClockParams]) -> pd.DataFrame:
-    return table_frame(TABLES[name], [(rank, read_table(folder, TABLES[name]))], params)
+Tables = Path | dict[str, pa.Table]  # a rank folder, or an importer's tables in memory
+
+
+def _table(source: Tables, name: str) -> pa.Table:
+    if isinstance(source, dict):
+        return source.get(name, TABLES[name].schema.empty_table())
+    return read_table(source, TABLES[name])
+
+
+def _frame(
+    folder: Tables,
+    name: str,
+    rank: int,
+    params: dict[int, ClockParams],
+    categories: tuple[str, ...] = (),
+) -> pd.DataFrame:
+    """One table of this rank; repeated strings in `categories` become pandas categories."""
+    table = _table(folder, name)
+    for col in categories:
+        i = table.schema.get_field_index(col)
+        table = table.set_column(i, col, pc.dictionary_encode(table.column(i)))
+    return table_frame(TABLES[name], [(rank, table)], params)
 
 
 def summarize_rank(folder: str | Path) -> RankSummary:
     """Read one ``rank=NNNNN`` folder and reduce it to per-step tables."""
     folder = Path(folder)
-    meta = read_rank_meta(folder)
+    return summarize_frames(read_rank_meta(folder), folder, read_inflight(folder))
+
+
+def summarize_frames(
+    meta: dict[str, Any], folder: Tables, inflight_rows: list[dict[str, Any]]
+) -> RankSummary:
+    """One rank's tables (read from its folder, or an importer's) reduced to per-step tables.
+
+    With GPU kernels (imported traces) the union of compute kernels stands in for the compute
+    phases, and the rank gets HTA-style GPU figures (dtprof.analysis.gpu).
+    """
     rank = int(meta["rank"])
     params = {rank: clock_params(meta)}
     steps = _frame(folder, "steps", rank, params)
     spans = _frame(folder, "spans", rank, params)
     steps["step_ns"] = steps["end_ns"] - steps["start_ns"]
+    kernels = _frame(folder, "kernels", rank, params)
+    if not kernels.empty:
+        spans = pd.concat([spans, compute_phases(rank, kernels, steps)], ignore_index=True)
     phases = spans[spans["kind"] == "phase"]
-    per_phase = (
-        phases.assign(ns=phases["end_ns"] - phases["start_ns"])
-        .pivot_table(index="step", columns="name", values="ns", aggfunc="sum")
-        .reindex(steps["step"])
-    )
-    compute = per_phase.reindex(columns=list(COMPUTE_PHASES)).sum(axis=1, min_count=1)
-    steps["compute_ns"] = compute.to_numpy()
-    data = per_phase["data"] if "data" in per_phase else pd.Series(np.nan, index=per_phase.index)
-    steps["data_ns"] = data.to_numpy()
+    steps["compute_ns"] = _per_step(phases, steps, COMPUTE_PHASES)
+    steps["data_ns"] = _per_step(phases, steps, ("data",))
     return RankSummary(
         rank=rank,
         meta=meta,
@@ -80,13 +113,39 @@ def summarize_rank(folder: str | Path) -> RankSummary:
         phases=phases.loc[
             phases["name"].isin(COMPUTE_PHASES), ["rank", "step", "name", "start_ns", "end_ns"]
         ].reset_index(drop=True),
-        collectives=_frame(folder, "collectives", rank, params),
+        collectives=_frame(folder, "collectives", rank, params, ("group", "op", "label")).drop(
+            columns=["dtype", "async_op"]
+        ),
         scalars=_frame(folder, "scalars", rank, params),
         fingerprints=_frame(folder, "fingerprints", rank, params),
         memory=_memory(_frame(folder, "samples", rank, params)),
         events=_frame(folder, "events", rank, params),
-        inflight=inflight_frame([(rank, read_inflight(folder))], params),
+        inflight=inflight_frame([(rank, inflight_rows)], params),
         last_span=spans.sort_values("end_ns").tail(1)[["rank", "step", "name", "kind", "end_ns"]],
+        groups=_groups(_table(folder, "groups")),
+        gpu=gpu_figures(rank, kernels, steps) if not kernels.empty else pd.DataFrame(),
+    )
+
+
+def _per_step(phases: pd.DataFrame, steps: pd.DataFrame, names: tuple[str, ...]) -> np.ndarray:
+    """Each step's total ns in the named phases; NaN for a step with none of them."""
+    chosen = phases[phases["name"].isin(names)]
+    keys, inverse = np.unique(steps["step"].to_numpy(), return_inverse=True)
+    at = np.searchsorted(keys, chosen["step"].to_numpy())
+    known = at < len(keys)
+    known[known] = keys[at[known]] == chosen["step"].to_numpy()[known]
+    ns = (chosen["end_ns"] - chosen["start_ns"]).to_numpy(np.float64)[known]
+    total = np.bincount(at[known], weights=ns, minlength=len(keys))
+    seen = np.bincount(at[known], minlength=len(keys)) > 0
+    return np.where(seen, total, np.nan)[inverse]
+
+
+def _groups(table: pa.Table) -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "group": table.column("group").to_numpy(zero_copy_only=False).astype(object),
+            "size": pc.list_value_length(table.column("ranks")).to_numpy(zero_copy_only=False),
+        }
     )
 
 
@@ -111,10 +170,17 @@ class RunSummary:
     events: pd.DataFrame
     inflight: pd.DataFrame
     last_span: pd.DataFrame
+    groups: pd.DataFrame
+    gpu: pd.DataFrame = field(default_factory=pd.DataFrame)  # per rank: gpu.gpu_figures()
 
     @property
     def world_size(self) -> int:
         return max(int(m.get("world_size", 0)) for m in self.meta.values())
+
+    @cached_property
+    def matched(self) -> list[GroupMatrix]:
+        """The collectives matched across ranks, per process group (made once, on first use)."""
+        return match(self.collectives, self.groups, self.world_size)
 
 
 def combine(summaries: list[RankSummary]) -> RunSummary:
@@ -126,7 +192,13 @@ def combine(summaries: list[RankSummary]) -> RunSummary:
 
     def cat(name: str) -> pd.DataFrame:
         frames = [getattr(s, name) for s in summaries]
-        return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+        if not frames:
+            return pd.DataFrame()
+        # categories differ per rank; on one shared set the concatenation stays categorical
+        for col in frames[0].select_dtypes("category"):
+            union = sorted(set().union(*(f[col].cat.categories for f in frames)), key=str)
+            frames = [f.assign(**{col: f[col].cat.set_categories(union)}) for f in frames]
+        return pd.concat(frames, ignore_index=True)
 
     return RunSummary(
         ranks=[s.rank for s in summaries],
@@ -141,4 +213,6 @@ def combine(summaries: list[RankSummary]) -> RunSummary:
         events=cat("events"),
         inflight=cat("inflight"),
         last_span=cat("last_span"),
+        groups=cat("groups").drop_duplicates("group", ignore_index=True),
+        gpu=cat("gpu"),
     )

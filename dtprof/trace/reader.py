@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -46,6 +47,7 @@ class Trace:
     events: pd.DataFrame
     inflight: pd.DataFrame
     meta: dict[int, dict[str, Any]] = field(default_factory=dict)
+    kernels: pd.DataFrame = field(default_factory=pd.DataFrame)  # imported GPU activity
 
     @property
     def world_size(self) -> int:
@@ -223,13 +225,21 @@ def _align(
     base = np.array([params[k][0] for k in keys], dtype=np.int64)[idx]
     rest = np.array([params[k][1:] for k in keys], dtype=np.float64).reshape(-1, 3)[idx]
     off0, t0, slope = rest[:, 0], rest[:, 1], rest[:, 2]
+    drift = bool(slope.any())
+    # without drift the shift is one number per rank: no float pass over the stamps
+    shift = base - np.rint(off0).astype(np.int64)
     for col in columns:
-        raw = df[col].to_numpy(dtype=np.float64, na_value=np.nan)
-        offset = off0 + slope * (raw - t0)
+        nullable = df[col].hasnans
         local = df[col].to_numpy(dtype="int64", na_value=0)
-        aligned = local + base - np.rint(np.nan_to_num(offset)).astype(np.int64)
-        if df[col].hasnans:
-            df[col] = pd.array(np.where(np.isnan(raw), pd.NA, aligned), dtype="Int64")
+        if drift:
+            raw = df[col].to_numpy(dtype=np.float64, na_value=np.nan)
+            offset = np.rint(np.nan_to_num(off0 + slope * (raw - t0))).astype(np.int64)
+            aligned = local + base - offset
+        else:
+            aligned = local + shift
+        if nullable:
+            missing = df[col].isna().to_numpy()
+            df[col] = pd.array(np.where(missing, pd.NA, aligned), dtype="Int64")
         else:
             df[col] = aligned
 
@@ -265,11 +275,18 @@ def table_frame(
     return df
 
 
+@functools.cache
+def _empty_inflight() -> pd.DataFrame:
+    return pd.DataFrame([], columns=list(INFLIGHT_DTYPES)).astype(INFLIGHT_DTYPES)
+
+
 def inflight_frame(
     by_rank: list[tuple[int, list[dict[str, Any]]]], params: dict[int, ClockParams]
 ) -> pd.DataFrame:
     """inflight.json rows of some ranks as pandas, start_ns on rank 0's clock."""
     rows = [dict(row, rank=rank) for rank, rank_rows in by_rank for row in rank_rows]
+    if not rows:  # the usual case, once per rank: skip building the frame from nothing
+        return _empty_inflight().copy()
     df = pd.DataFrame(rows, columns=list(INFLIGHT_DTYPES)).astype(INFLIGHT_DTYPES)
     _align(df, ["start_ns"], params)
     return df
@@ -296,9 +313,11 @@ def read_inflight(folder: Path) -> list[dict[str, Any]]:
 
 
 def load_trace(path: str | os.PathLike[str], threads: int | None = None) -> Trace:
-    """Read every rank of a trace directory; times aligned to rank 0."""
+    """Read every rank of a trace directory (or of PyTorch profiler traces); times aligned."""
+    from dtprof.trace.importer import resolve  # imports this module
+
     root = Path(path)
-    rank_dirs = find_rank_dirs(root)
+    rank_dirs = find_rank_dirs(resolve(root) if root.exists() else root)
     workers = threads or min(8, (os.cpu_count() or 2) * 2)
     with ThreadPoolExecutor(max_workers=workers) as pool:
         loaded = list(pool.map(lambda rd: _load_rank(rd[1]), rank_dirs))

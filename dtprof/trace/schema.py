@@ -186,6 +186,29 @@ EVENTS = Table(
     ),
 )
 
+KERNELS = Table(
+    "kernels",
+    "GPU activity by device and stream: kernels, memcpy, memset (imported profiler traces).",
+    (
+        Column(
+            "step",
+            pa.int64(),
+            "the step its CPU launch happened in (-1 before the first); null: launch not traced",
+        ),
+        Column("device", pa.int32(), "GPU index"),
+        Column("stream", pa.int64(), "CUDA stream id"),
+        Column("name", pa.string(), "kernel name, or Memcpy/Memset with its kind"),
+        Column("category", pa.string(), "compute, communication, memory or other"),
+        _ns("start_ns", "when it began on the GPU"),
+        _ns("end_ns", "when it ended on the GPU"),
+        Column("correlation", pa.int64(), "id linking it to its CUDA launch, -1 if none"),
+        Column("bytes", pa.int64(), "bytes copied or set (memcpy, memset only)"),
+    ),
+)
+
+# A table added at the end is read as empty from older traces, and older readers skip its
+# folder, so adding one keeps SCHEMA_VERSION (see docs/trace-format.md, Schema version).
 TABLES: dict[str, Table] = {
-    t.name: t for t in (STEPS, SPANS, COLLECTIVES, SCALARS, SAMPLES, FINGERPRINTS, GROUPS, EVENTS)
+    t.name: t
+    for t in (STEPS, SPANS, COLLECTIVES, SCALARS, SAMPLES, FINGERPRINTS, GROUPS, EVENTS, KERNELS)
 }

@@ -1,0 +1,41 @@
+"""Summaries of imported (PyTorch profiler) traces: from the cache, or made while converting."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from dtprof.analysis.summarize import RankSummary, summarize_frames, summarize_rank
+from dtprof.trace.importer import cache_path, cached, import_kineto, trace_kind
+from dtprof.trace.reader import find_rank_dirs
+
+
+def summarize_tables(meta: dict[str, Any], tables: dict[str, pa.Table]) -> RankSummary:
+    """summarize_frames on an importer's tables (runs in the import worker)."""
+    return summarize_frames(meta, tables, [])
+
+
+def summarize_imported(root: Path, progress: bool = False) -> list[RankSummary] | None:
+    """Every rank's summary of a Kineto path, or None when ``root`` is a dtprof trace.
+
+    A cached conversion is read like any dtprof trace; otherwise the files are converted into
+    the cache and summarized by the workers that parsed them.
+    """
+    if trace_kind(root) != "kineto":
+        return None
+    hit = cached(root)
+    if hit is not None:
+        folders = [d for _, d in find_rank_dirs(hit)]
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            return list(pool.map(summarize_rank, folders))
+    target: Path | None = cache_path(root)
+    try:
+        assert target is not None
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        target = None  # no cache: analyse anyway
+    results = import_kineto(root, target, progress=progress, per_rank=summarize_tables)
+    return [summary for _, summary in results]

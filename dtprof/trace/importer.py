@@ -1,0 +1,289 @@
+"""What a path holds (dtprof trace or PyTorch profiler traces), and importing the latter.
+
+Every reader of a path asks here first: ``trace_kind`` detects, ``resolve`` gives a dtprof
+trace directory for either kind (converting a Kineto folder once into the cache), and
+``import_kineto`` converts in parallel, optionally running a function on each rank's tables
+in the worker that parsed them (the analyzer summarizes there, so nothing is read twice).
+
+Rank of each file: ``distributedInfo.rank``; without it the digits after ``rank`` in the file
+name (``trace_rank-3.json``); without those, the file's position in the folder sorted by name.
+A fallback is reported on stderr. Two files of one rank are an error. The world size is the
+largest of the declared ``distributedInfo.world_size``, the highest rank + 1 and the number of
+files, so every rank's meta.json agrees.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from dtprof import __version__
+from dtprof.errors import DtprofError
+from dtprof.trace.kineto import rank_from_name, read_kineto
+from dtprof.trace.kineto_map import SEQ_FROM, rank_meta, rank_tables
+from dtprof.trace.schema import (
+    META_FILE,
+    RANK_DIR_PREFIX,
+    SCHEMA_VERSION,
+    SEALED_PREFIX,
+    TABLES,
+    rank_dir_name,
+)
+
+KINETO_SUFFIXES = (".json", ".json.gz")
+IMPORTER_VERSION = 2  # bump when the mapping changes: cached conversions are then redone
+PROGRESS_AFTER_S = 1.0
+
+PerRank = Callable[[dict[str, Any], dict[str, pa.Table]], Any]
+
+
+def kineto_files(folder: Path) -> list[Path]:
+    """The ``*.json`` / ``*.json.gz`` files directly in a folder, sorted by name."""
+    return sorted(p for p in folder.iterdir() if p.is_file() and p.name.endswith(KINETO_SUFFIXES))
+
+
+def trace_kind(path: str | os.PathLike[str]) -> str:
+    """``dtprof`` (rank=NNNNN folders) or ``kineto`` (profiler trace files, or one such file)."""
+    p = Path(path)
+    if not p.exists():
+        raise DtprofError(f"{p}: no such directory")
+    if p.is_file():
+        if p.name.endswith(KINETO_SUFFIXES):
+            return "kineto"
+        raise DtprofError(
+            f"{p}: not a directory (a dtprof trace is one; profiler traces end in .json[.gz])"
+        )
+    if any(e.is_dir() and e.name.startswith(RANK_DIR_PREFIX) for e in os.scandir(p)):
+        return "dtprof"
+    if kineto_files(p):
+        return "kineto"
+    raise DtprofError(
+        f"{p}: not a dtprof trace (no rank=NNNNN folders) nor a folder of PyTorch profiler "
+        "traces (*.json, *.json.gz)"
+    )
+
+
+def _files(path: Path) -> list[Path]:
+    return [path] if path.is_file() else kineto_files(path)
+
+
+def cache_root() -> Path:
+    """$DTPROF_CACHE_DIR, else $XDG_CACHE_HOME/dtprof, else ~/.cache/dtprof."""
+    if os.environ.get("DTPROF_CACHE_DIR"):
+        return Path(os.environ["DTPROF_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "dtprof"
+
+
+def cache_path(path: Path) -> Path:
+    """Where the conversion of these files is cached: keyed by their paths, sizes and mtimes."""
+    key = hashlib.sha1(f"{__version__}/{SCHEMA_VERSION}/{IMPORTER_VERSION}".encode())
+    for f in _files(path):
+        st = f.stat()
+        key.update(f"{f.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return cache_root() / "kineto" / key.hexdigest()[:20]
+
+
+def cached(path: Path) -> Path | None:
+    """The cached conversion of a Kineto path, if one is complete."""
+    target = cache_path(path)
+    return target if target.is_dir() else None
+
+
+def resolve(path: str | os.PathLike[str], progress: bool = False) -> Path:
+    """A dtprof trace directory for ``path``: itself, or its (cached) conversion."""
+    p = Path(path)
+    if trace_kind(p) == "dtprof":
+        return p
+    hit = cached(p)
+    if hit is not None:
+        return hit
+    target = cache_path(p)
+    try:
+        import_kineto(p, target, progress=progress)
+    except OSError as exc:
+        raise DtprofError(f"{target}: cannot write the converted trace ({exc})") from None
+    return target
+
+
+def _fallback_ranks(files: list[Path]) -> list[tuple[int, str]]:
+    out = []
+    for i, f in enumerate(files):
+        named = rank_from_name(f)
+        out.append((named, "file name") if named is not None else (i, "file order"))
+    return out
+
+
+def _convert_one(
+    file: Path, fallback: tuple[int, str], out: Path | None, per_rank: PerRank | None
+) -> tuple[int, str, int, dict[str, Any], Any]:
+    """Parse, map, write (when out is given) and run per_rank on one file, in a worker."""
+    # millions of short-lived dicts from the parser: the cyclic collector would rescan them
+    # over and over (it more than doubles the time); none of them form cycles
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        kf = read_kineto(file)
+        declared = kf.distributed.get("rank")
+        rank, how = (declared, "distributedInfo") if type(declared) is int else fallback
+        world = kf.distributed.get("world_size")
+        tables = rank_tables(kf)
+        meta = rank_meta(kf, rank, world if type(world) is int else 0, how)
+        meta["steps"] = tables["steps"].num_rows
+        seq_from = (tables["collectives"].schema.metadata or {}).get(SEQ_FROM, b"trace")
+        meta["imported"]["seq_from"] = seq_from.decode()
+        del kf
+        if out is not None:
+            _write_tables(out, tables)
+        result = per_rank(meta, tables) if per_rank is not None else None
+    except DtprofError:
+        raise
+    except Exception as exc:  # a structure the mapping did not expect: one line, naming the file
+        raise DtprofError(
+            f"{file}: not a readable PyTorch profiler trace ({type(exc).__name__}: {exc})"
+        ) from None
+    finally:
+        if collecting:
+            gc.enable()
+    return rank, how, int(meta["world_size"]), meta, result
+
+
+def _write_tables(folder: Path, tables: dict[str, pa.Table]) -> None:
+    for name in TABLES:
+        tdir = folder / name
+        tdir.mkdir(parents=True, exist_ok=True)
+        if tables[name].num_rows:
+            pq.write_table(
+                tables[name], tdir / f"{SEALED_PREFIX}000000.parquet", compression="zstd"
+            )
+
+
+def import_kineto(
+    path: Path, out: Path | None, *, progress: bool = False, per_rank: PerRank | None = None
+) -> list[tuple[dict[str, Any], Any]]:
+    """Convert every file of a Kineto path into ``out`` (if given); (meta, per_rank result) each.
+
+    ``out`` appears complete or not at all: it is written beside and renamed into place.
+    """
+    files = _files(path)
+    fallbacks = _fallback_ranks(files)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}") if out is not None else None
+    if tmp is not None:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    try:
+        done = _run(files, fallbacks, tmp, per_rank, progress)
+        results = _finish(files, done, tmp)
+        if tmp is not None and out is not None:
+            os.replace(tmp, out)
+    finally:
+        if tmp is not None and tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return results
+
+
+def _run(
+    files: list[Path],
+    fallbacks: list[tuple[int, str]],
+    tmp: Path | None,
+    per_rank: PerRank | None,
+    progress: bool,
+) -> dict[int, tuple[int, str, int, dict[str, Any], Any]]:
+    outs = [tmp / f"file-{i}" if tmp is not None else None for i in range(len(files))]
+    workers = min(len(files), os.cpu_count() or 1)
+    if workers <= 1:
+        return {
+            i: _convert_one(f, fb, o, per_rank)
+            for i, (f, fb, o) in enumerate(zip(files, fallbacks, outs, strict=True))
+        }
+    started, total = time.monotonic(), sum(f.stat().st_size for f in files)
+    done: dict[int, tuple[int, str, int, dict[str, Any], Any]] = {}
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        futures: dict[Future[Any], int] = {
+            pool.submit(_convert_one, f, fb, o, per_rank): i
+            for i, (f, fb, o) in enumerate(zip(files, fallbacks, outs, strict=True))
+        }
+        read = 0
+        for fut in as_completed(futures):
+            i = futures[fut]
+            done[i] = fut.result()
+            read += files[i].stat().st_size
+            if progress and time.monotonic() - started > PROGRESS_AFTER_S:
+                print(
+                    f"dtprof: imported {len(done)}/{len(files)} profiler traces "
+                    f"({read / 2**20:,.0f} of {total / 2**20:,.0f} MiB)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    return done
+
+
+def _finish(
+    files: list[Path],
+    done: dict[int, tuple[int, str, int, dict[str, Any], Any]],
+    tmp: Path | None,
+) -> list[tuple[dict[str, Any], Any]]:
+    """Check ranks, agree on the world size, write meta.json and name the rank folders."""
+    owner: dict[int, Path] = {}
+    for i in sorted(done):
+        rank = done[i][0]
+        if rank in owner:
+            raise DtprofError(f"{files[i]}: rank {rank} again (also {owner[rank].name})")
+        owner[rank] = files[i]
+    guessed = [files[i].name for i in sorted(done) if done[i][1] != "distributedInfo"]
+    if guessed:
+        how = sorted({done[i][1] for i in done if done[i][1] != "distributedInfo"})
+        print(
+            f"dtprof: warning: {len(guessed)} file(s) without distributedInfo.rank, rank taken "
+            f"from the {' or '.join(how)}: {', '.join(guessed[:4])}"
+            + (" ..." if len(guessed) > 4 else ""),
+            file=sys.stderr,
+        )
+    world = max([d[2] for d in done.values()] + [max(owner) + 1, len(files)])
+    results = []
+    for i in sorted(done, key=lambda i: done[i][0]):
+        rank, _, _, meta, result = done[i]
+        meta["world_size"] = world
+        if result is not None and isinstance(getattr(result, "meta", None), dict):
+            result.meta["world_size"] = world
+        if tmp is not None:
+            folder = tmp / f"file-{i}"
+            (folder / META_FILE).write_bytes(_json(meta))
+            os.replace(folder, tmp / rank_dir_name(rank))
+        results.append((meta, result))
+    return results
+
+
+def _json(obj: Any) -> bytes:
+    import orjson
+
+    return orjson.dumps(obj, option=orjson.OPT_INDENT_2)
+
+
+def convert(
+    path: str | os.PathLike[str], out: str | os.PathLike[str], progress: bool = False
+) -> int:
+    """``dtprof convert``: write a Kineto path as a dtprof trace at ``out``; ranks written."""
+    src, dst = Path(path), Path(out)
+    if trace_kind(src) != "kineto":
+        raise DtprofError(f"{src}: already a dtprof trace; nothing to convert")
+    if dst.exists() and (not dst.is_dir() or any(dst.iterdir())):
+        raise DtprofError(f"{dst}: exists and is not an empty directory")
+    if dst.is_dir():
+        dst.rmdir()
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        return len(import_kineto(src, dst, progress=progress))
+    except OSError as exc:
+        raise DtprofError(f"{dst}: cannot write ({exc.strerror})") from None

@@ -1,0 +1,376 @@
+"""Map one parsed Kineto file onto dtprof's tables (docs/kineto.md states every rule).
+
+- steps: ``ProfilerStep#N`` annotations; the step number is N as the profiler counted it.
+- kernels: every kernel, memcpy and memset on the GPU, by device and stream, with its category
+  (communication: ``^nccl.*Kernel``, i.e. ``ncclKernel_*`` and ``ncclDevKernel_*``; memory:
+  memcpy / memset; other: names with ``Memcpy`` or ``Sync`` inside; compute: the rest) and the
+  step of its CUDA launch (found by correlation id).
+- collectives: ``record_param_comms`` operators (those that name a collective, hold a
+  ``nccl:``/``gloo:`` annotation or launch a communication kernel) and the ``nccl:``/``gloo:``
+  annotations outside any of them. Times are those of the communication kernels they
+  launched, else the CPU operator's.
+- samples: the last ``[memory]`` reading of each step; spans: other user annotations.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from dtprof.trace.kineto import COMM_ANNOTATION_RE, STEP_RE, KinetoFile
+from dtprof.trace.schema import SCHEMA_VERSION, TABLES
+
+COMM_KERNEL_RE = r"^nccl.*Kernel"
+MEMORY_KERNEL_RE = r"^(Memcpy|Memset|dma)"
+OTHER_KERNEL_RE = r"(Memcpy|Sync)"  # neither compute nor communication, as HTA counts them
+P2P_OPS = {"send", "recv", "isend", "irecv", "recvanysource"}
+OP_NAMES = {
+    "allreduce": "all_reduce",
+    "allreduce_coalesced": "all_reduce_coalesced",
+    "allgather": "all_gather",
+    "_allgather_base": "all_gather_into_tensor",
+    "allgather_into_tensor": "all_gather_into_tensor",
+    "allgather_into_tensor_coalesced": "all_gather_into_tensor_coalesced",
+    "reducescatter": "reduce_scatter",
+    "_reduce_scatter_base": "reduce_scatter_tensor",
+    "reduce_scatter_tensor_coalesced": "reduce_scatter_tensor_coalesced",
+    "alltoall": "all_to_all",
+    "alltoall_base": "all_to_all_single",
+    "all_to_allv": "all_to_all_single",
+    "recvanysource": "recv",
+}
+DTYPE_BYTES = {
+    "float": 4, "float32": 4, "double": 8, "float64": 8, "half": 2, "float16": 2,
+    "c10::half": 2, "bfloat16": 2, "c10::bfloat16": 2, "int": 4, "int32": 4, "long": 8,
+    "int64": 8, "long int": 8, "short": 2, "int16": 2, "char": 1, "signed char": 1,
+    "unsigned char": 1, "byte": 1, "int8": 1, "uint8": 1, "bool": 1,
+}  # fmt: skip
+
+
+def _regex(names: pa.Array, pattern: str) -> np.ndarray:
+    return np.asarray(pc.match_substring_regex(names, pattern).to_numpy(zero_copy_only=False))
+
+
+def _table(name: str, columns: dict[str, Any]) -> pa.Table:
+    schema = TABLES[name].schema
+    n = len(next(iter(columns.values()))) if columns else 0
+    arrays = [
+        _array(columns[f.name], f.type) if f.name in columns else pa.nulls(n, f.type)
+        for f in schema
+    ]
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _array(values: Any, type_: pa.DataType) -> pa.Array:
+    if isinstance(values, pa.Array | pa.ChunkedArray):
+        return values.cast(type_)
+    if isinstance(values, pd.Series):
+        values = values.to_numpy(dtype=object) if values.dtype == object else values.to_numpy()
+    return pa.array(values, type_)
+
+
+def _steps(kf: KinetoFile) -> pd.DataFrame:
+    cpu = kf.cpu
+    found = pc.extract_regex(cpu.name, STEP_RE)
+    number = pc.struct_field(found, [0])
+    mask = np.asarray(pc.is_valid(number).to_numpy(zero_copy_only=False))
+    idx = np.flatnonzero(mask)
+    steps = pd.DataFrame(
+        {
+            "step": pc.cast(number.filter(pa.array(mask)), pa.int64()).to_numpy(),
+            "start_ns": cpu.ts_ns[idx],
+            "end_ns": cpu.end_ns[idx],
+        }
+    )
+    steps = steps.groupby("step", as_index=False).agg(
+        start_ns=("start_ns", "min"), end_ns=("end_ns", "max")
+    )
+    return steps.sort_values("start_ns", ignore_index=True)
+
+
+def step_at(steps: pd.DataFrame, ts_ns: np.ndarray) -> np.ndarray:
+    """The step that began last at or before each time; -1 before the first step."""
+    if steps.empty:
+        return np.full(len(ts_ns), -1, np.int64)
+    pos = np.searchsorted(steps["start_ns"].to_numpy(), ts_ns, side="right") - 1
+    return np.where(pos >= 0, steps["step"].to_numpy()[np.maximum(pos, 0)], -1)
+
+
+def kernel_category(names: pa.Array, cats: pa.Array) -> np.ndarray:
+    """communication, memory, other or compute for each GPU event (rules in the module doc)."""
+    memcat = np.asarray(
+        pc.is_in(cats, pa.array(["gpu_memcpy", "gpu_memset", "Memcpy", "Memset"])).to_numpy(
+            zero_copy_only=False
+        )
+    )
+    out = np.full(len(names), "compute", dtype=object)
+    out[_regex(names, OTHER_KERNEL_RE)] = "other"
+    out[memcat | _regex(names, MEMORY_KERNEL_RE)] = "memory"
+    out[_regex(names, COMM_KERNEL_RE)] = "communication"
+    return out
+
+
+def _launch_times(kf: KinetoFile) -> tuple[np.ndarray, np.ndarray]:
+    """Per GPU event: its launch time and whether a launch with its correlation id exists."""
+    order = np.argsort(kf.launch_correlation, kind="stable")
+    corr = kf.launch_correlation[order]
+    pos = np.searchsorted(corr, kf.gpu_correlation)
+    pos_c = np.minimum(pos, max(len(corr) - 1, 0))
+    found = (
+        (len(corr) > 0) & (corr[pos_c] == kf.gpu_correlation)
+        if len(corr)
+        else (np.zeros(len(kf.gpu_correlation), bool))
+    )
+    ts = kf.launch.ts_ns[order][pos_c] if len(corr) else np.zeros(len(pos), np.int64)
+    return np.where(found, ts, 0), np.asarray(found, bool)
+
+
+def kernels_table(kf: KinetoFile, steps: pd.DataFrame) -> tuple[pa.Table, np.ndarray]:
+    """The kernels table, and each GPU event's category."""
+    category = kernel_category(kf.gpu.name, kf.gpu_cat)
+    launch_ns, launched = _launch_times(kf)
+    step = pa.array(step_at(steps, launch_ns), pa.int64(), mask=~launched)
+    table = _table(
+        "kernels",
+        {
+            "step": step,
+            "device": kf.gpu.pid.astype(np.int32),
+            "stream": kf.gpu_stream,
+            "name": kf.gpu.name,
+            "category": category,
+            "start_ns": kf.gpu.ts_ns,
+            "end_ns": kf.gpu.end_ns,
+            "correlation": kf.gpu_correlation,
+            "bytes": pa.array(kf.gpu_bytes, pa.int64(), mask=kf.gpu_bytes < 0),
+        },
+    )
+    return table, category
+
+
+def _normal_op(name: str) -> str:
+    op = name.split(":", 1)[-1].strip().lower()
+    return OP_NAMES.get(op, op)
+
+
+def _size(args: dict[str, Any]) -> tuple[int, str | None]:
+    """(bytes, dtype) from record_param_comms' sizes, else from the first input's dims."""
+    dtype = args.get("dtype")
+    nelems = args.get("In msg nelems")
+    if isinstance(nelems, int) and isinstance(dtype, str):
+        return nelems * DTYPE_BYTES.get(dtype.lower(), 0), dtype.lower()
+    dims, types = args.get("Input Dims"), args.get("Input type")
+    if isinstance(dims, list) and dims and isinstance(dims[0], list) and isinstance(types, list):
+        first = str(types[0]).lower() if types else ""
+        count = int(np.prod(dims[0])) if all(isinstance(d, int) for d in dims[0]) else 0
+        return count * DTYPE_BYTES.get(first, 0), first or None
+    return 0, None
+
+
+def collectives_table(kf: KinetoFile, steps: pd.DataFrame, category: np.ndarray) -> pa.Table:
+    """One row per collective call (rules in the module doc), seq from "Seq" or call order."""
+    cpu = kf.cpu
+    is_rpc = np.asarray(pc.equal(cpu.name, "record_param_comms").to_numpy(zero_copy_only=False))
+    is_ann = _regex(cpu.name, COMM_ANNOTATION_RE)
+    names = cpu.name.to_pylist() if (is_rpc | is_ann).any() else []
+    # communication-kernel launches: (tid, launch ts, kernel start, kernel end)
+    comm = category == "communication"
+    launch_ns, launched = _launch_times(kf)
+    lk = np.flatnonzero(comm & launched)
+    launch_tid = _launch_tids(kf)[lk]
+    k_launch, k_start, k_end = launch_ns[lk], kf.gpu.ts_ns[lk], kf.gpu.end_ns[lk]
+
+    rows: list[dict[str, Any]] = []
+    for tid in np.unique(cpu.tid[is_rpc | is_ann]):
+        on = cpu.tid == tid
+        rpc = np.flatnonzero(on & is_rpc)
+        ann = np.flatnonzero(on & is_ann)
+        rpc = rpc[np.argsort(cpu.ts_ns[rpc], kind="stable")]
+        ann = ann[np.argsort(cpu.ts_ns[ann], kind="stable")]
+        parent = np.searchsorted(cpu.ts_ns[rpc], cpu.ts_ns[ann], side="right") - 1
+        inside = (parent >= 0) & (cpu.ts_ns[ann] <= cpu.end_ns[rpc][np.maximum(parent, 0)])
+        child: dict[int, int] = {}
+        for a, p in zip(ann[inside].tolist(), parent[inside].tolist(), strict=True):
+            child.setdefault(p, a)
+        mine = np.flatnonzero(launch_tid == tid)
+        order = mine[np.argsort(k_launch[mine], kind="stable")]
+        for j, r in enumerate(rpc.tolist()):
+            args = cpu.args[r]
+            a = child.get(j)
+            lo = int(np.searchsorted(k_launch[order], cpu.ts_ns[r], side="left"))
+            hi = int(np.searchsorted(k_launch[order], cpu.end_ns[r], side="right"))
+            named = args.get("Collective name")
+            if not named and a is None and hi <= lo:
+                continue  # a bookkeeping record_param_comms: no collective named or launched
+            op = _normal_op(str(named) if named else names[a] if a is not None else "unknown")
+            size_args = args if "In msg nelems" in args or a is None else cpu.args[a]
+            rows.append(_row(cpu, r, op, args, size_args, order[lo:hi], k_start, k_end))
+        for a in ann[~inside].tolist():
+            lo = int(np.searchsorted(k_launch[order], cpu.ts_ns[a], side="left"))
+            hi = int(np.searchsorted(k_launch[order], cpu.end_ns[a], side="right"))
+            rows.append(
+                _row(cpu, a, _normal_op(names[a]), {}, cpu.args[a], order[lo:hi], k_start, k_end)
+            )
+    if not rows:
+        return TABLES["collectives"].schema.empty_table()
+    df = pd.DataFrame(rows).sort_values("start_ns", kind="stable", ignore_index=True)
+    df["step"] = step_at(steps, df["cpu_ns"].to_numpy())
+    counted = df.groupby(["group", df["peer"].notna()]).cumcount()
+    seq_from = b"trace" if df["seq"].notna().all() else b"call order"
+    df["seq"] = df["seq"].fillna(counted).astype(np.int64)
+    table = _table("collectives", {c: df[c] for c in TABLES["collectives"].column_names})
+    return table.replace_schema_metadata({SEQ_FROM: seq_from})
+
+
+def _launch_tids(kf: KinetoFile) -> np.ndarray:
+    order = np.argsort(kf.launch_correlation, kind="stable")
+    corr = kf.launch_correlation[order]
+    if not len(corr):
+        return np.full(len(kf.gpu_correlation), -1, np.int64)
+    pos = np.minimum(np.searchsorted(corr, kf.gpu_correlation), len(corr) - 1)
+    return kf.launch.tid[order][pos]
+
+
+def _row(
+    cpu: Any,
+    i: int,
+    op: str,
+    args: dict[str, Any],
+    size_args: dict[str, Any],
+    kernels: np.ndarray,
+    k_start: np.ndarray,
+    k_end: np.ndarray,
+) -> dict[str, Any]:
+    nbytes, dtype = _size(size_args)
+    seq = args.get("Seq", args.get("seq"))
+    on_gpu = len(kernels) > 0
+    return {
+        "group": str(args.get("Process Group Name", args.get("pg_name", "0"))),
+        "seq": seq if isinstance(seq, int) else None,
+        "op": op,
+        "bytes": nbytes,
+        "dtype": dtype,
+        "peer": -1 if op in P2P_OPS else None,
+        "cpu_ns": cpu.ts_ns[i],
+        "start_ns": int(k_start[kernels].min()) if on_gpu else int(cpu.ts_ns[i]),
+        "end_ns": int(k_end[kernels].max()) if on_gpu else int(cpu.end_ns[i]),
+        "async_op": None,
+        "label": "gpu" if on_gpu else "cpu",
+    }
+
+
+def samples_table(kf: KinetoFile, steps: pd.DataFrame) -> pa.Table:
+    """The last ``[memory]`` reading of each step: allocated and reserved, CUDA and CPU."""
+    mem = kf.memory
+    if not len(mem):
+        return TABLES["samples"].schema.empty_table()
+    args = mem.args
+    device = np.array([a.get("Device Type", 0) for a in args], dtype=np.int64)
+    frame = pd.DataFrame(
+        {
+            "ts_ns": mem.ts_ns,
+            "device": np.where(device == 1, "cuda", "cpu"),
+            "allocated_bytes": [a.get("Total Allocated", np.nan) for a in args],
+            "reserved_bytes": [a.get("Total Reserved", np.nan) for a in args],
+        }
+    )
+    frame["step"] = step_at(steps, mem.ts_ns)
+    last = frame.sort_values("ts_ns").groupby(["step", "device"], as_index=False).last()
+    long = last.melt(
+        id_vars=["step", "device", "ts_ns"], value_vars=["allocated_bytes", "reserved_bytes"],
+        var_name="what", value_name="value",
+    )  # fmt: skip
+    long = long[long["value"].notna()]
+    long["metric"] = long["device"] + "_" + long["what"]
+    return _table("samples", {c: long[c] for c in ("step", "ts_ns", "metric", "value")})
+
+
+def spans_table(kf: KinetoFile, steps: pd.DataFrame) -> pa.Table:
+    """User annotations other than steps and communication: regions at depth 0."""
+    cpu = kf.cpu
+    keep = np.asarray(pc.equal(kf.cpu_cat, "user_annotation").to_numpy(zero_copy_only=False))
+    keep &= ~_regex(cpu.name, STEP_RE) & ~_regex(cpu.name, COMM_ANNOTATION_RE)
+    idx = np.flatnonzero(keep)
+    return _table(
+        "spans",
+        {
+            "step": step_at(steps, cpu.ts_ns[idx]),
+            "name": cpu.name.take(pa.array(idx, pa.int64())),
+            "kind": np.full(len(idx), "region", object),
+            "start_ns": cpu.ts_ns[idx],
+            "end_ns": cpu.end_ns[idx],
+            "depth": np.zeros(len(idx), np.int16),
+        },
+    )
+
+
+def groups_table(kf: KinetoFile) -> pa.Table:
+    """Process groups from distributedInfo.pg_config, when the trace has it."""
+    config = kf.distributed.get("pg_config")
+    rows = []
+    if isinstance(config, list):
+        for pg in config:
+            ranks = pg.get("ranks") if isinstance(pg, dict) else None
+            if isinstance(ranks, str):
+                ranks = [int(r) for r in ranks.strip("[]").split(",") if r.strip().isdigit()]
+            if isinstance(ranks, list) and "pg_name" in pg:
+                backend = str(pg.get("backend_config", "")).rsplit(":", 1)[-1] or None
+                rows.append((str(pg["pg_name"]), backend, [int(r) for r in ranks]))
+    return _table(
+        "groups",
+        {
+            "group": [r[0] for r in rows],
+            "backend": [r[1] for r in rows],
+            "ranks": [r[2] for r in rows],
+        },
+    )
+
+
+SEQ_FROM = b"dtprof.seq_from"  # collectives' schema metadata: "trace" or "call order"
+
+
+def rank_tables(kf: KinetoFile) -> dict[str, pa.Table]:
+    """Every dtprof table of one Kineto file, times as written (ns, relative to base_ns)."""
+    steps = _steps(kf)
+    kernels, category = kernels_table(kf, steps)
+    tables = {name: t.schema.empty_table() for name, t in TABLES.items()}
+    tables.update(
+        steps=_table("steps", {c: steps[c] for c in steps.columns}),
+        kernels=kernels,
+        collectives=collectives_table(kf, steps, category),
+        samples=samples_table(kf, steps),
+        spans=spans_table(kf, steps),
+        groups=groups_table(kf),
+    )
+    return tables
+
+
+def rank_meta(kf: KinetoFile, rank: int, world_size: int, rank_from: str) -> dict[str, Any]:
+    """meta.json of an imported rank: clock base from baseTimeNanoseconds, source noted."""
+    devices = np.unique(kf.gpu.pid[kf.gpu.pid >= 0])
+    info = kf.distributed
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "rank": rank,
+        "world_size": world_size,
+        "host": None,
+        "backend": info.get("backend"),
+        "device": f"cuda:{int(devices[0])}" if len(devices) else "cpu",
+        "status": "finished",
+        "model_kind": "none",
+        "clock": {
+            "mono_to_wall_ns": kf.base_ns,
+            "method": "none",
+            "start": {"mono_ns": 0, "offset_ns": 0, "error_ns": 0},
+        },
+        "imported": {
+            "format": "kineto",
+            "file": str(kf.path),
+            "rank_from": rank_from,
+            "events": kf.events,
+            "kineto_schema_version": kf.header.get("schemaVersion"),
+        },
+    }
