@@ -44,6 +44,12 @@ def _ranks(value: str) -> list[int]:
     return ranks
 
 
+def _positive(value: str) -> int:
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"wants a whole number of at least 1, not {value!r}")
+    return int(value)
+
+
 def _cmd_analyze(args: argparse.Namespace) -> int:
     """Find stragglers and other problems in a trace; exit 1 if any is at --fail-on or above."""
     import json
@@ -52,7 +58,14 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     from dtprof.analysis.render import markdown, text
     from dtprof.analysis.report import severity_rank
 
-    report = analyze(args.trace, steps=args.steps, ranks=args.ranks, progress=True)
+    report = analyze(
+        args.trace,
+        steps=args.steps,
+        ranks=args.ranks,
+        progress=True,
+        scheduler=args.scheduler,
+        workers=args.workers,
+    )
     if args.format == "json":
         out = json.dumps(report.to_json(), indent=1)
     else:
@@ -67,6 +80,47 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
         print(out)
     worst = report.worst()
     return 1 if worst and severity_rank(worst) >= severity_rank(args.fail_on) else 0
+
+
+def _cmd_convert(args: argparse.Namespace) -> int:
+    """Convert a folder of PyTorch profiler traces (*.json[.gz]) into a dtprof trace."""
+    from dtprof.trace.importer import convert
+
+    ranks = convert(args.source, args.output, progress=True)
+    print(f"{args.output}: {ranks} rank(s) written")
+    return 0
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    """Export a trace (dtprof or profiler traces) as one Perfetto / chrome://tracing timeline."""
+    from dtprof.trace.chrome import export_chrome
+
+    events = export_chrome(args.trace, args.chrome)
+    print(f"{args.chrome}: {events:,} events")
+    return 0
+
+
+def _cmd_dashboard(args: argparse.Namespace) -> int:
+    """Open the web dashboard of a trace; a running job's new steps appear as they are written."""
+    from dashboard.serve import serve
+
+    return serve(args.trace, args.host, args.port)
+
+
+def _cmd_replay(args: argparse.Namespace) -> int:
+    """Play a finished trace in the dashboard as if live, each finding at the step it would
+    first have been raised."""
+    from dashboard.serve import serve
+
+    return serve(args.trace, args.host, args.port, speed=args.speed)
+
+
+def _add_server_args(cmd: argparse.ArgumentParser) -> None:
+    cmd.add_argument(
+        "trace", help="trace directory written by dtprof.profile(), or PyTorch profiler traces"
+    )
+    cmd.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    cmd.add_argument("--port", type=int, default=8050, help="port to bind (default: 8050)")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -86,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("trace", help="trace directory written by dtprof.profile()")
     info.set_defaults(func=_cmd_info)
     an = sub.add_parser("analyze", help=_cmd_analyze.__doc__, description=_cmd_analyze.__doc__)
-    an.add_argument("trace", help="trace directory written by dtprof.profile()")
+    an.add_argument("trace", help="trace directory written by dtprof.profile(), or profiler traces")
     an.add_argument("--format", choices=("text", "json", "markdown"), default="text")
     an.add_argument("-o", "--output", help="write the report to this file")
     an.add_argument(
@@ -97,7 +151,33 @@ def build_parser() -> argparse.ArgumentParser:
     )
     an.add_argument("--steps", type=_steps, help="analyse steps A (included) to B (excluded)")
     an.add_argument("--ranks", type=_ranks, help="analyse these ranks only, e.g. 0,3,8-15")
+    dask = an.add_mutually_exclusive_group()
+    dask.add_argument(
+        "--scheduler",
+        metavar="ADDRESS",
+        help="read the ranks on this Dask cluster, e.g. tcp://host:8786 (trace on shared storage)",
+    )
+    dask.add_argument(
+        "--workers", type=_positive, metavar="N", help="read the ranks on N local Dask workers"
+    )
     an.set_defaults(func=_cmd_analyze)
+    cv = sub.add_parser("convert", help=_cmd_convert.__doc__, description=_cmd_convert.__doc__)
+    cv.add_argument("source", help="folder of PyTorch profiler traces, one file per rank")
+    cv.add_argument("-o", "--output", required=True, help="dtprof trace directory to write")
+    cv.set_defaults(func=_cmd_convert)
+    ex = sub.add_parser("export", help=_cmd_export.__doc__, description=_cmd_export.__doc__)
+    ex.add_argument("trace", help="dtprof trace directory or folder of profiler traces")
+    ex.add_argument("--chrome", required=True, help="output file: out.json or out.json.gz")
+    ex.set_defaults(func=_cmd_export)
+    db = sub.add_parser(
+        "dashboard", help=_cmd_dashboard.__doc__, description=_cmd_dashboard.__doc__
+    )
+    _add_server_args(db)
+    db.set_defaults(func=_cmd_dashboard)
+    rp = sub.add_parser("replay", help=_cmd_replay.__doc__, description=_cmd_replay.__doc__)
+    _add_server_args(rp)
+    rp.add_argument("--speed", type=float, default=1.0, help="times real time (default: 1)")
+    rp.set_defaults(func=_cmd_replay)
     return parser
 
 

@@ -1,0 +1,135 @@
+"""Communication: overlap and exposed communication per rank, arrival skew, bandwidth per op."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pandas as pd
+import plotly.graph_objects as go
+from dash import Dash, Input, Output, html
+
+from dashboard import figures, measures
+from dashboard.components import graph, note, window_controls
+from dashboard.links import parse_ranks, parse_steps
+from dashboard.shape import MAX_POINTS, MAX_RANK_BINS, rank_bins, window
+from dashboard.source import Snapshot
+from dtprof.analysis.summarize import RunSummary
+
+PATH = "/communication"
+TITLE = "Communication"
+
+
+def overlap(run: RunSummary, ranks: list[int] | None) -> pd.DataFrame:
+    """label, overlap_fraction, exposed_fraction per rank (ranks binned by the mean)."""
+    exp = measures.exposed(measures.transfers(run), run.phases)
+    per = exp.groupby("rank")[["comm_ns", "overlap_ns"]].sum()
+    per["step_ns"] = run.steps.groupby("rank")["step_ns"].sum()
+    if ranks is not None:
+        per = per[per.index.isin(ranks)]
+    per["overlap_fraction"] = per["overlap_ns"] / per["comm_ns"].where(per["comm_ns"] > 0)
+    per["exposed_fraction"] = (per["comm_ns"] - per["overlap_ns"]) / per["step_ns"]
+    per = per.reset_index()
+    per["label"] = rank_bins(per["rank"], MAX_RANK_BINS)
+    return (
+        per.groupby("label", sort=False)[["overlap_fraction", "exposed_fraction"]]
+        .mean()
+        .reset_index()
+    )
+
+
+def skew(run: RunSummary, max_points: int = MAX_POINTS) -> pd.DataFrame:
+    """step, frac (position inside the step), skew_ms, op, hover: the largest skews kept."""
+    s = measures.arrival_skew(run)
+    if s.empty:
+        return s.assign(frac=[], skew_ms=[], hover=[])
+    s["frac"] = s.groupby("step").cumcount() / s.groupby("step")["seq"].transform("size")
+    s = s.nlargest(max_points, "skew_ns") if len(s) > max_points else s
+    s["skew_ms"] = s["skew_ns"] / 1e6
+    s["hover"] = (
+        s["op"].astype(str)
+        + " #"
+        + s["seq"].astype(str)
+        + " (group "
+        + s["group"].astype(str)
+        + ") step "
+        + s["step"].astype(str)
+        + ": rank "
+        + s["last_rank"].astype(str)
+        + " last, "
+        + s["skew_ms"].round(2).astype(str)
+        + " ms after the first"
+    )
+    return s
+
+
+def ops(run: RunSummary) -> pd.DataFrame:
+    """op, mib_per_step (per rank), gbps, hover."""
+    o = measures.per_op(run)
+    rank_steps = max(len(run.steps), 1)
+    o["mib_per_step"] = o["bytes"] / rank_steps / 2**20
+    o["hover"] = (
+        o["op"]
+        + ": "
+        + o["calls"].astype(str)
+        + " calls, median transfer "
+        + (o["transfer_ns"] / 1e6).round(3).astype(str)
+        + " ms, "
+        + o["gbps"].round(3).astype(str)
+        + " GB/s"
+    )
+    return o
+
+
+def update(snap: Snapshot, ranks_text: str | None, steps_text: str | None) -> list[go.Figure]:
+    run = snap.data.run
+    if run.collectives.empty:
+        msg = figures.empty("No collective recorded in this window.")
+        return [msg, msg, msg]
+    steps = parse_steps(steps_text)
+    cut = replace(
+        run,
+        steps=window(run.steps, steps),
+        phases=window(run.phases, steps),
+        collectives=window(run.collectives, steps),
+    )
+    per = overlap(cut, parse_ranks(ranks_text))
+    s = skew(cut)
+    o = ops(cut)
+    return [
+        figures.overlap_bars(per)
+        if not per.empty
+        else figures.empty("No collective matched on every member."),
+        figures.arrival_skew(s)
+        if not s.empty
+        else figures.empty("No collective matched on every member."),
+        figures.op_bandwidth(o),
+    ]
+
+
+def layout(snap: Snapshot, q: dict[str, str]) -> html.Div:
+    return html.Div(
+        [
+            window_controls("communication", q.get("ranks", ""), q.get("steps", "")),
+            note(
+                "A transfer counts from the moment the last member entered: waiting for a late "
+                "rank shows as arrival skew, not as exposed communication."
+            ),
+            graph("communication-overlap"),
+            graph("communication-skew"),
+            graph("communication-ops"),
+        ]
+    )
+
+
+def register(app: Dash, snapshot: Any) -> None:
+    @app.callback(
+        Output("communication-overlap", "figure"),
+        Output("communication-skew", "figure"),
+        Output("communication-ops", "figure"),
+        Input("app-version", "data"),
+        Input("communication-ranks", "value"),
+        Input("communication-steps", "value"),
+    )
+    def _refresh(_v: int | None, ranks: str | None, steps: str | None) -> list[go.Figure]:
+        return update(snapshot(), ranks, steps)

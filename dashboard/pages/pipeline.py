@@ -1,0 +1,167 @@
+"""Pipeline: stage x time of one step's microbatch actions, idle time shaded, against theory."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from dash import Dash, Input, Output, dcc, html
+
+from dashboard import figures
+from dashboard.components import graph, note, text_input
+from dashboard.rundata import RunData
+from dashboard.shape import MAX_RANK_BINS, rank_bins
+from dashboard.source import Snapshot
+from dtprof.analysis.checks.pipeline_bubble import theory
+from dtprof.analysis.checks.straggler import warmup_steps
+
+PATH = "/pipeline"
+TITLE = "Pipeline"
+
+
+def schedule_info(data: RunData) -> dict[str, Any] | None:
+    return next((m["pipeline"] for m in data.run.meta.values() if m.get("pipeline")), None)
+
+
+def busy_idle(actions: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+    """rank, step, start_ns, end_ns of the idle gaps inside each step (outside every action)."""
+    a = actions.sort_values(["rank", "step", "start_ns"], kind="stable")
+    reach = a.groupby(["rank", "step"])["end_ns"].cummax()
+    prev = reach.groupby([a["rank"], a["step"]]).shift(1)
+    gaps = a.assign(gap_start=prev, gap_end=a["start_ns"])
+    gaps = gaps[gaps["gap_start"].notna() & (gaps["gap_end"] > gaps["gap_start"])]
+    bounds = steps.set_index(["rank", "step"])[["start_ns", "end_ns"]]
+    first = a.groupby(["rank", "step"])["start_ns"].min()
+    last = a.groupby(["rank", "step"])["end_ns"].max()
+    edges = bounds.join(first.rename("first"), how="inner").join(last.rename("last"))
+    head = pd.DataFrame({"start_ns": edges["start_ns"], "end_ns": edges["first"]})
+    tail = pd.DataFrame({"start_ns": edges["last"], "end_ns": edges["end_ns"]})
+    inner = gaps.set_index(["rank", "step"])[["gap_start", "gap_end"]]
+    inner.columns = ["start_ns", "end_ns"]
+    out = pd.concat([head, inner, tail]).astype("int64").reset_index()
+    return out[out["end_ns"] > out["start_ns"]]
+
+
+def step_chart(data: RunData, step: int) -> tuple[pd.DataFrame, pd.DataFrame, list[int]]:
+    """The actions and idle gaps of one step, ms from its start, y = the rank's row."""
+    run = data.run
+    acts = run.actions[run.actions["step"] == step]
+    steps = run.steps[run.steps["step"] == step]
+    ranks = sorted(int(r) for r in acts["rank"].unique())
+    row = {r: i for i, r in enumerate(ranks)}
+    t0 = float(steps["start_ns"].min()) if not steps.empty else float(acts["start_ns"].min())
+    idle = busy_idle(acts, steps[steps["rank"].isin(ranks)])
+    acts = acts.assign(
+        y=acts["rank"].map(row),
+        start_ms=(acts["start_ns"] - t0) / 1e6,
+        end_ms=(acts["end_ns"] - t0) / 1e6,
+    )
+    acts["hover"] = (
+        "rank "
+        + acts["rank"].astype(str)
+        + " stage "
+        + acts["stage"].astype(str)
+        + " · "
+        + acts["name"].astype(str)
+        + " microbatch "
+        + acts["microbatch"].astype(str)
+        + " · "
+        + (acts["end_ms"] - acts["start_ms"]).round(2).astype(str)
+        + " ms"
+    )
+    idle = idle.assign(
+        y=idle["rank"].map(row),
+        start_ms=(idle["start_ns"] - t0) / 1e6,
+        end_ms=(idle["end_ns"] - t0) / 1e6,
+    )
+    return acts, idle, ranks
+
+
+def idle_share(data: RunData) -> pd.DataFrame:
+    """label, idle_fraction per rank over the steps after warm-up."""
+    run = data.run
+    skip = warmup_steps(run.steps["step"])
+    steps = run.steps[run.steps["step"] >= skip]
+    acts = run.actions[run.actions["step"] >= skip]
+    idle = busy_idle(acts, steps)
+    per = pd.DataFrame(
+        {
+            "idle": (idle["end_ns"] - idle["start_ns"]).groupby(idle["rank"]).sum(),
+            "step": steps[steps["rank"].isin(acts["rank"].unique())]
+            .groupby("rank")["step_ns"]
+            .sum(),
+        }
+    ).fillna(0)
+    per["idle_fraction"] = per["idle"] / per["step"].where(per["step"] > 0)
+    per = per.rename_axis("rank").reset_index()
+    per["label"] = rank_bins(per["rank"], MAX_RANK_BINS)
+    return per.groupby("label", sort=False)["idle_fraction"].mean().reset_index()
+
+
+def update(snap: Snapshot, step_text: str | None) -> list[go.Figure]:
+    data = snap.data
+    info = schedule_info(data)
+    if info is None or data.run.actions.empty:
+        msg = figures.empty(
+            "No pipeline schedule in this trace (profile(pipeline=schedule) records one)."
+        )
+        return [msg, msg]
+    steps = np.sort(data.run.actions["step"].unique())
+    try:
+        step = int(step_text) if step_text else int(steps[len(steps) // 2])
+    except ValueError:
+        step = int(steps[len(steps) // 2])
+    acts, idle, ranks = step_chart(data, step)
+    chart = (
+        figures.pipeline_chart(acts, idle, ranks)
+        if not acts.empty
+        else figures.empty(f"No action in step {step}.")
+    )
+    chart.update_layout(
+        title={
+            "text": f"{info['schedule']}: {info['stages']} stages, "
+            f"{info['microbatches']} microbatches · step {step}"
+        }
+    )
+    expected = theory(
+        info["schedule"],
+        info["stages"],
+        info["microbatches"],
+        info.get("virtual_stages_per_rank", 1),
+    )
+    return [chart, figures.bubble_vs_theory(idle_share(data), expected)]
+
+
+def layout(snap: Snapshot, q: dict[str, str]) -> html.Div:
+    return html.Div(
+        [
+            html.Div(
+                [text_input("pipeline-step", "step", q.get("step", ""), "a step, e.g. 10")],
+                className="controls",
+            ),
+            note(
+                "Bars are microbatch actions (the number is the microbatch); "
+                "hatched grey is idle time inside the step."
+            ),
+            graph("pipeline-chart"),
+            graph("pipeline-theory"),
+            dcc.Markdown(
+                "Theory for p stages and m microbatches: (p−1)/(m+p−1) for GPipe and 1F1B, "
+                "(p−1)/(v·m+p−1) with v stages per rank.",
+                className="note",
+            ),
+        ]
+    )
+
+
+def register(app: Dash, snapshot: Any) -> None:
+    @app.callback(
+        Output("pipeline-chart", "figure"),
+        Output("pipeline-theory", "figure"),
+        Input("app-version", "data"),
+        Input("pipeline-step", "value"),
+    )
+    def _refresh(_v: int | None, step: str | None) -> list[go.Figure]:
+        return update(snapshot(), step)
