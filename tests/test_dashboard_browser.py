@@ -36,6 +36,9 @@ PAGES = {
 }
 
 playwright_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+if not CHROMIUM.exists() and os.environ.get("CI"):
+    # CI installs it (scripts/browser.sh): a missing browser there is a failure, not a skip
+    pytest.fail(f"no Chromium at {CHROMIUM} in CI", pytrace=False)
 if not CHROMIUM.exists():
     pytest.skip(
         f"no Chromium at {CHROMIUM} (scripts/browser.sh installs it)", allow_module_level=True

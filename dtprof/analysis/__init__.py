@@ -37,7 +37,7 @@ def analyze(
     `scheduler` address or a number of local Dask `workers`, on that cluster.
     """
     root = Path(path)
-    summaries = summarize_imported(root, progress)  # None: a dtprof trace
+    summaries = summarize_imported(root, progress, scheduler, workers)  # None: a dtprof trace
     if summaries is None:
         rank_dirs = find_rank_dirs(root)
         if ranks is not None:

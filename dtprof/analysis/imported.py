@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -18,14 +19,36 @@ def summarize_tables(meta: dict[str, Any], tables: dict[str, pa.Table]) -> RankS
     return summarize_frames(meta, tables, [])
 
 
-def summarize_imported(root: Path, progress: bool = False) -> list[RankSummary] | None:
+def summarize_imported(
+    root: Path,
+    progress: bool = False,
+    scheduler: str | None = None,
+    workers: int | None = None,
+) -> list[RankSummary] | None:
     """Every rank's summary of a Kineto path, or None when ``root`` is a dtprof trace.
 
     A cached conversion is read like any dtprof trace; otherwise the files are converted into
-    the cache and summarized by the workers that parsed them.
+    the cache and summarized by the workers that parsed them. On Dask (a ``scheduler`` address
+    or local ``workers``) each file is parsed and summarized on the cluster, and only the
+    summaries come back: nothing is cached.
     """
     if trace_kind(root) != "kineto":
         return None
+    if scheduler or workers:
+        from dtprof.analysis.cluster import dask_map
+
+        def on_dask(fn: Callable[[Any], Any], items: list[Any]) -> list[Any]:
+            return dask_map(
+                fn,
+                [(f.resolve(), *rest) for f, *rest in items],
+                scheduler=scheduler,
+                workers=workers,
+                progress=progress,
+                what="profiler traces",
+            )
+
+        results = import_kineto(root, None, per_rank=summarize_tables, mapper=on_dask)
+        return [summary for _, summary in results]
     hit = cached(root)
     if hit is not None:
         folders = [d for _, d in find_rank_dirs(hit)]

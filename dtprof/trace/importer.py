@@ -46,6 +46,7 @@ IMPORTER_VERSION = 2  # bump when the mapping changes: cached conversions are th
 PROGRESS_AFTER_S = 1.0
 
 PerRank = Callable[[dict[str, Any], dict[str, pa.Table]], Any]
+Mapper = Callable[[Callable[[Any], Any], list[Any]], list[Any]]  # fn over items, in order
 
 
 def kineto_files(folder: Path) -> list[Path]:
@@ -159,6 +160,13 @@ def _convert_one(
     return rank, how, int(meta["world_size"]), meta, result
 
 
+def _convert_job(
+    job: tuple[Path, tuple[int, str], Path | None, PerRank | None],
+) -> tuple[int, str, int, dict[str, Any], Any]:
+    """_convert_one with its arguments in one tuple, for mappers of one-argument functions."""
+    return _convert_one(*job)
+
+
 def _write_tables(folder: Path, tables: dict[str, pa.Table]) -> None:
     for name in TABLES:
         tdir = folder / name
@@ -170,14 +178,24 @@ def _write_tables(folder: Path, tables: dict[str, pa.Table]) -> None:
 
 
 def import_kineto(
-    path: Path, out: Path | None, *, progress: bool = False, per_rank: PerRank | None = None
+    path: Path,
+    out: Path | None,
+    *,
+    progress: bool = False,
+    per_rank: PerRank | None = None,
+    mapper: Mapper | None = None,
 ) -> list[tuple[dict[str, Any], Any]]:
     """Convert every file of a Kineto path into ``out`` (if given); (meta, per_rank result) each.
 
-    ``out`` appears complete or not at all: it is written beside and renamed into place.
+    ``out`` appears complete or not at all: it is written beside and renamed into place. A
+    ``mapper`` (e.g. a Dask cluster's) runs the files instead of this machine's processes; its
+    workers write nothing, only per_rank's results come back.
     """
     files = _files(path)
     fallbacks = _fallback_ranks(files)
+    if mapper is not None:
+        jobs = [(f, fb, None, per_rank) for f, fb in zip(files, fallbacks, strict=True)]
+        return _finish(files, dict(enumerate(mapper(_convert_job, jobs))), None)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}") if out is not None else None
     if tmp is not None:
         shutil.rmtree(tmp, ignore_errors=True)
