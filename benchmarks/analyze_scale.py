@@ -246,6 +246,9 @@ def run_analyze(trace: Path, extra: list[str]) -> tuple[float, float, dict[str, 
         err = proc.stderr.read() if proc.stderr else ""
         if proc.returncode not in (0, 1):
             sys.exit(f"dtprof analyze failed ({proc.returncode}): {err.strip()}")
+        for line in err.splitlines():  # its own split: reading the ranks, then the checks
+            if " combined and checked " in line:
+                print(f"[scale] {line}", file=sys.stderr)
         return wall, peak / 2**30, json.loads(Path(report.name).read_text())
 
 

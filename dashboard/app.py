@@ -14,6 +14,7 @@ from types import ModuleType
 from typing import Any, Protocol
 
 from dash import Dash, Input, Output, dcc, html, no_update
+from dash.exceptions import DependencyException
 
 from dashboard.links import query
 from dashboard.pages import communication, divergence, memory, overview, pipeline, ranks, timeline
@@ -60,6 +61,9 @@ def create_app(
     app.layout = shell(str(trace_dir), source.mode, poll_s)
     register(app, source)
     app.server.config["DTPROF_SOURCE"] = source
+    # a request for a script that is not one of Dash's (an unknown package, a path that leaves
+    # it) is refused by Dash with an exception: answer 404 rather than 500 and a logged traceback
+    app.server.register_error_handler(DependencyException, lambda _exc: ("not found", 404))
     return app
 
 

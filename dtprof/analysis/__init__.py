@@ -37,6 +37,7 @@ def analyze(
     `scheduler` address or a number of local Dask `workers`, on that cluster.
     """
     root = Path(path)
+    started = time.monotonic()
     summaries = summarize_imported(root, progress, scheduler, workers)  # None: a dtprof trace
     if summaries is None:
         rank_dirs = find_rank_dirs(root)
@@ -56,8 +57,17 @@ def analyze(
         summaries = [s for s in summaries if s.rank in set(ranks)]
     if not summaries:
         raise DtprofError(f"{root}: none of the ranks {sorted(set(ranks or []))} is in this trace")
+    read_s = time.monotonic() - started
     run = _window(combine(summaries), steps)
+    del summaries  # the per-rank tables: the combined ones replace them
     findings = [finding for check in CHECKS for finding in check(run)]
+    if progress and time.monotonic() - started > PROGRESS_AFTER_S:
+        print(
+            f"dtprof: read {len(run.ranks)} ranks in {read_s:.1f} s, combined and checked them "
+            f"in {time.monotonic() - started - read_s:.1f} s",
+            file=sys.stderr,
+            flush=True,
+        )
     return Report(trace=_trace_info(root, run), summary=_summary(run), findings=findings)
 
 

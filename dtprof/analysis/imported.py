@@ -10,7 +10,7 @@ from typing import Any
 import pyarrow as pa
 
 from dtprof.analysis.summarize import RankSummary, summarize_frames, summarize_rank
-from dtprof.trace.importer import cache_path, cached, import_kineto, trace_kind
+from dtprof.trace.importer import cache_path, cached, import_kineto, resolve, trace_kind
 from dtprof.trace.reader import find_rank_dirs
 
 
@@ -32,7 +32,10 @@ def summarize_imported(
     or local ``workers``) each file is parsed and summarized on the cluster, and only the
     summaries come back: nothing is cached.
     """
-    if trace_kind(root) != "kineto":
+    kind = trace_kind(root)
+    if kind == "flight":  # converted once into the cache, then read like any dtprof trace
+        return [summarize_rank(d) for _, d in find_rank_dirs(resolve(root))]
+    if kind != "kineto":
         return None
     if scheduler or workers:
         from dtprof.analysis.cluster import dask_map

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 ABSENT = np.iinfo(np.int64).min
+SPARSE_FROM = 4  # seq numbers spanning more than this many rows per record are not dense
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,13 @@ def match(collectives: pd.DataFrame, sizes: pd.DataFrame, world_size: int) -> li
         members = np.unique(c["rank"])
         col = np.searchsorted(members, c["rank"])
         first = int(c["seq"].min())
-        row = c["seq"] - first
+        seqs = None
+        if int(c["seq"].max()) - first >= SPARSE_FROM * len(c["seq"]) + 1024:
+            # far-apart numbers (a broken or hostile file): a row per seq seen, not per number
+            seqs = np.unique(c["seq"])
+            row = np.searchsorted(seqs, c["seq"])
+        else:
+            row = c["seq"] - first
         n, m = int(row.max()) + 1, len(members)
         start = np.full((n, m), ABSENT, np.int64)
         end = np.full((n, m), ABSENT, np.int64)
@@ -101,7 +108,7 @@ def match(collectives: pd.DataFrame, sizes: pd.DataFrame, world_size: int) -> li
                 group=name,
                 size=int(size_of.get(name, world_size)),
                 ranks=members,
-                seq=rows + first,
+                seq=rows + first if seqs is None else seqs[rows],
                 step=step[rows],
                 start=start[rows],
                 end=end[rows],

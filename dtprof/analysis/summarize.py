@@ -183,6 +183,34 @@ class RunSummary:
         return match(self.collectives, self.groups, self.world_size)
 
 
+def _concat_column(parts: list[pd.Series]) -> Any:
+    """One column of every rank's frame, concatenated at the array level where it can be."""
+    dtype = parts[0].dtype
+    if any(p.dtype != dtype for p in parts):
+        return pd.concat(parts, ignore_index=True)
+    if isinstance(dtype, pd.CategoricalDtype):
+        return _concat_categorical(parts)
+    if isinstance(dtype, np.dtype):
+        return np.concatenate([p.to_numpy() for p in parts])
+    if isinstance(dtype, pd.core.dtypes.dtypes.BaseMaskedDtype):  # Int32 and the like
+        arrays = [p.array for p in parts]
+        data = np.concatenate([a._data for a in arrays])
+        mask = np.concatenate([a._mask for a in arrays])
+        return type(arrays[0])(data, mask)
+    return pd.concat(parts, ignore_index=True)
+
+
+def _concat_categorical(parts: list[pd.Series]) -> pd.Categorical:
+    """One categorical from per-rank ones whose categories differ: codes remapped, no strings."""
+    names: dict[Any, int] = {}
+    codes = []
+    for part in parts:
+        cats = part.cat.categories
+        lookup = np.array([names.setdefault(c, len(names)) for c in cats] + [-1], np.int32)
+        codes.append(lookup[part.cat.codes.to_numpy()])  # code -1 (missing) picks the -1 slot
+    return pd.Categorical.from_codes(np.concatenate(codes), categories=list(names))
+
+
 def combine(summaries: list[RankSummary]) -> RunSummary:
     """Concatenate per-rank summaries (in rank order)."""
     summaries = sorted(summaries, key=lambda s: s.rank)
@@ -194,11 +222,9 @@ def combine(summaries: list[RankSummary]) -> RunSummary:
         frames = [getattr(s, name) for s in summaries]
         if not frames:
             return pd.DataFrame()
-        # categories differ per rank; on one shared set the concatenation stays categorical
-        for col in frames[0].select_dtypes("category"):
-            union = sorted(set().union(*(f[col].cat.categories for f in frames)), key=str)
-            frames = [f.assign(**{col: f[col].cat.set_categories(union)}) for f in frames]
-        return pd.concat(frames, ignore_index=True)
+        # column by column, on the arrays: one column's copy at a time, no per-frame overhead
+        columns = {col: _concat_column([f[col] for f in frames]) for col in frames[0]}
+        return pd.DataFrame(columns, copy=False)  # no consolidating copy into 2-D blocks
 
     return RunSummary(
         ranks=[s.rank for s in summaries],

@@ -55,11 +55,16 @@ def kineto_files(folder: Path) -> list[Path]:
 
 
 def trace_kind(path: str | os.PathLike[str]) -> str:
-    """``dtprof`` (rank=NNNNN folders) or ``kineto`` (profiler trace files, or one such file)."""
+    """``dtprof`` (rank=NNNNN folders), ``flight`` (Flight Recorder dumps, or one) or ``kineto``
+    (profiler trace files, or one such file)."""
     p = Path(path)
     if not p.exists():
         raise DtprofError(f"{p}: no such directory")
+    from dtprof.trace.flight import dump_files, is_dump  # imports this module
+
     if p.is_file():
+        if is_dump(p):
+            return "flight"
         if p.name.endswith(KINETO_SUFFIXES):
             return "kineto"
         raise DtprofError(
@@ -67,11 +72,13 @@ def trace_kind(path: str | os.PathLike[str]) -> str:
         )
     if any(e.is_dir() and e.name.startswith(RANK_DIR_PREFIX) for e in os.scandir(p)):
         return "dtprof"
+    if dump_files(p):
+        return "flight"
     if kineto_files(p):
         return "kineto"
     raise DtprofError(
-        f"{p}: not a dtprof trace (no rank=NNNNN folders) nor a folder of PyTorch profiler "
-        "traces (*.json, *.json.gz)"
+        f"{p}: not a dtprof trace (no rank=NNNNN folders), a folder of PyTorch profiler "
+        "traces (*.json, *.json.gz) nor of Flight Recorder dumps"
     )
 
 
@@ -105,8 +112,13 @@ def cached(path: Path) -> Path | None:
 def resolve(path: str | os.PathLike[str], progress: bool = False) -> Path:
     """A dtprof trace directory for ``path``: itself, or its (cached) conversion."""
     p = Path(path)
-    if trace_kind(p) == "dtprof":
+    kind = trace_kind(p)
+    if kind == "dtprof":
         return p
+    if kind == "flight":
+        from dtprof.trace.flight import resolve_dumps
+
+        return resolve_dumps(p)
     hit = cached(p)
     if hit is not None:
         return hit

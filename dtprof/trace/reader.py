@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import stat
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,27 +61,80 @@ def find_rank_dirs(path: Path) -> list[tuple[int, Path]]:
         raise DtprofError(f"{path}: no such directory")
     if not path.is_dir():
         raise DtprofError(f"{path}: not a directory (a dtprof trace is a directory)")
-    found = []
+    found: dict[int, Path] = {}
     for entry in os.scandir(path):
         if entry.is_dir() and entry.name.startswith(RANK_DIR_PREFIX):
             number = entry.name[len(RANK_DIR_PREFIX) :]
             if not number.isdigit():
                 raise DtprofError(f"{entry.path}: rank folder name is not rank=<number>")
-            found.append((int(number), Path(entry.path)))
+            if int(number) in found:
+                raise DtprofError(
+                    f"{entry.path}: rank {int(number)} twice (also {found[int(number)].name})"
+                )
+            found[int(number)] = Path(entry.path)
     if not found:
         raise DtprofError(f"{path}: not a dtprof trace (no rank=NNNNN folders)")
-    return sorted(found)
+    return sorted(found.items())
+
+
+MAX_JSON_BYTES = 64 << 20  # meta.json is a few KB, inflight.json one row per operation
+
+
+def read_json(file: Path) -> Any:
+    """A small JSON file of a trace: a regular file, at most MAX_JSON_BYTES, not too deep."""
+    try:
+        with open(file, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise DtprofError(f"{file}: not a regular file")
+            data = f.read(MAX_JSON_BYTES + 1)
+    except FileNotFoundError:
+        raise DtprofError(f"{file}: missing (is this rank's folder complete?)") from None
+    except OSError as exc:
+        raise DtprofError(f"{file}: not readable ({exc.strerror or exc})") from None
+    if len(data) > MAX_JSON_BYTES:
+        raise DtprofError(f"{file}: larger than {MAX_JSON_BYTES >> 20} MiB, not read")
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise DtprofError(f"{file}: nested too deeply") from None
+    except ValueError as exc:
+        raise DtprofError(f"{file}: not readable JSON ({exc})") from None
+
+
+def _int64(value: Any) -> bool:
+    return type(value) is int and -(2**63) <= value < 2**63
+
+
+def _meta_problem(meta: dict[str, Any]) -> str | None:
+    """What is wrong with the fields the readers use, or None."""
+    if not _int64(meta["rank"]) or meta["rank"] < 0:
+        return f"rank {meta['rank']!r:.40} is not a rank"
+    if "world_size" in meta and (not _int64(meta["world_size"]) or meta["world_size"] < 1):
+        return f"world_size {meta['world_size']!r:.40} is not a number of ranks"
+    clock = meta.get("clock") or {}
+    if not isinstance(clock, dict):
+        return "clock is not an object"
+    if not _int64(clock.get("mono_to_wall_ns", 0)):
+        return "clock.mono_to_wall_ns is not a 64-bit integer"
+    for key in ("start", "end"):
+        est = clock.get(key) or {}
+        if not isinstance(est, dict) or not all(
+            _int64(v) or (type(v) is float and abs(v) < 2**62) for v in est.values()
+        ):
+            return f"clock.{key} is not an object of 64-bit numbers"
+    for key in ("disabled_hooks",):
+        if not isinstance(meta.get(key, []), list):
+            return f"{key} is not a list"
+    for key in ("pipeline", "config", "imported"):
+        if not isinstance(meta.get(key) or {}, dict):
+            return f"{key} is not an object"
+    return None
 
 
 def read_meta(folder: Path) -> dict[str, Any]:
-    """A rank's meta.json, checked for the schema version."""
+    """A rank's meta.json, checked for the schema version and the types of its fields."""
     file = folder / META_FILE
-    try:
-        meta = json.loads(file.read_text())
-    except FileNotFoundError:
-        raise DtprofError(f"{file}: missing (is this rank's folder complete?)") from None
-    except (OSError, ValueError) as exc:
-        raise DtprofError(f"{file}: not readable JSON ({exc})") from None
+    meta = read_json(file)
     if not isinstance(meta, dict) or "schema_version" not in meta or "rank" not in meta:
         raise DtprofError(f"{file}: not a dtprof rank metadata file")
     version = meta["schema_version"]
@@ -88,8 +142,12 @@ def read_meta(folder: Path) -> dict[str, Any]:
         newer = isinstance(version, int) and version > SCHEMA_VERSION
         hint = "; upgrade dtprof" if newer else ""
         raise DtprofError(
-            f"{file}: trace schema version {version}, this dtprof reads {SCHEMA_VERSION}{hint}"
+            f"{file}: trace schema version {version!r:.40}, this dtprof reads "
+            f"{SCHEMA_VERSION}{hint}"
         )
+    problem = _meta_problem(meta)
+    if problem is not None:
+        raise DtprofError(f"{file}: {problem}")
     return meta
 
 
@@ -103,6 +161,8 @@ def read_table(folder: Path, table: Table) -> pa.Table:
     live: dict[int, Path] = {}
     for entry in os.scandir(tdir):
         name = entry.name
+        if name.startswith((SEALED_PREFIX, LIVE_PREFIX)) and not entry.is_file():
+            raise DtprofError(f"{entry.path}: not a regular file")
         if name.startswith(SEALED_PREFIX) and name.endswith(".parquet"):
             sealed[_segment_number(entry.path, name, SEALED_PREFIX)] = Path(entry.path)
         elif name.startswith(LIVE_PREFIX) and name.endswith(".arrows"):
@@ -303,13 +363,20 @@ def read_inflight(folder: Path) -> list[dict[str, Any]]:
     file = folder / INFLIGHT_FILE
     if not file.exists():
         return []
-    try:
-        rows = json.loads(file.read_text())
-    except (OSError, ValueError) as exc:
-        raise DtprofError(f"{file}: not readable JSON ({exc})") from None
-    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+    rows = read_json(file)
+    if not isinstance(rows, list) or not all(_inflight_row(r) for r in rows):
         raise DtprofError(f"{file}: not a list of operations")
     return rows
+
+
+def _inflight_row(row: Any) -> bool:
+    """An inflight.json element whose fields have the types INFLIGHT_DTYPES gives them."""
+    return (
+        isinstance(row, dict)
+        and all(_int64(row.get(k, 0)) for k in ("step", "seq", "bytes", "start_ns"))
+        and (row.get("peer") is None or _int64(row["peer"]))
+        and all(isinstance(row.get(k), (str, type(None))) for k in ("group", "op", "label"))
+    )
 
 
 def load_trace(path: str | os.PathLike[str], threads: int | None = None) -> Trace:

@@ -10,6 +10,7 @@ from dtprof.analysis.checks import (
     loss_spike,
     memory_growth,
     non_finite,
+    partial_data,
     pipeline_bubble,
     poor_overlap,
     rank_stopped,
@@ -32,4 +33,5 @@ CHECKS: list[Check] = [
     pipeline_bubble.check,
     loss_spike.check,
     memory_growth.check,
+    partial_data.check,
 ]

@@ -57,17 +57,7 @@ def _missing(run: RunSummary) -> list[Finding]:
         if not missing:
             continue
         op = str(rows["op"].iloc[0])
-        doing = {}
-        for r in missing:
-            last = run.last_span[run.last_span["rank"] == r]
-            doing[r] = (
-                (
-                    f"{last['kind'].iloc[0]} {last['name'].iloc[0]} at step "
-                    f"{int(last['step'].iloc[0])}"
-                )
-                if len(last)
-                else "nothing recorded"
-            )
+        doing = {r: _last_activity(run, r) for r in missing}
         what = "; ".join(f"rank {r}: last {d}" for r, d in doing.items())
         findings.append(
             Finding(
@@ -98,6 +88,20 @@ def _missing(run: RunSummary) -> list[Finding]:
             )
         )
     return findings
+
+
+def _last_activity(run: RunSummary, rank: int) -> str:
+    """A rank's last span or region; without any (no hooks, imported dumps), its last
+    completed collective and where it was called from."""
+    last = run.last_span[run.last_span["rank"] == rank]
+    if len(last):
+        return f"{last['kind'].iloc[0]} {last['name'].iloc[0]} at step {int(last['step'].iloc[0])}"
+    coll = run.collectives[run.collectives["rank"] == rank]
+    if coll.empty:
+        return "nothing recorded"
+    c = coll.loc[coll["end_ns"].idxmax()]
+    where = f" called from {c['label']}" if isinstance(c["label"], str) else ""
+    return f"collective {c['op']} (group {c['group']}, seq {int(c['seq'])}){where}"
 
 
 def _mismatched(run: RunSummary) -> list[Finding]:

@@ -9,6 +9,8 @@ its own reason is a consequence: one warning for all of those, naming the ranks 
 
 from __future__ import annotations
 
+import pandas as pd
+
 from dtprof.analysis.report import Finding
 from dtprof.analysis.summarize import RunSummary
 
@@ -29,8 +31,7 @@ def check(run: RunSummary) -> list[Finding]:
         )
         if furthest - rank_last >= BEHIND_STEPS or unclean:
             stopped[rank] = rank_last
-    labels = run.collectives["label"].astype("string")
-    failed = set(run.collectives.loc[labels.str.endswith(";error", na=False), "rank"].tolist())
+    failed = set(_failed_collectives(run.collectives)["rank"].tolist())
     followers = {r for r in stopped if statuses[r].startswith("raised") and r in failed}
     causes = sorted(set(stopped) - followers)
     if not causes:
@@ -39,6 +40,15 @@ def check(run: RunSummary) -> list[Finding]:
     if followers:
         findings.append(_followed(sorted(followers), causes, stopped, statuses))
     return findings
+
+
+def _failed_collectives(collectives: pd.DataFrame) -> pd.DataFrame:
+    """Collectives recorded as failed: their label ends with ";error"."""
+    labels = collectives["label"]
+    if isinstance(labels.dtype, pd.CategoricalDtype):  # test the few categories, not every row
+        bad = [c for c in labels.cat.categories if str(c).endswith(";error")]
+        return collectives[labels.isin(bad)]
+    return collectives[labels.astype("string").str.endswith(";error", na=False)]
 
 
 def _stopped(rank: int, rank_last: int, furthest: int, status: str) -> Finding:

@@ -1,0 +1,58 @@
+"""A one-process training job whose recording fails part-way; training must reach its end.
+
+Usage: recording_faults.py TRACE disk|hook STEPS FAIL_AT
+
+``disk``: from step FAIL_AT every write of a trace segment fails with ENOSPC, as on a full disk.
+``hook``: from step FAIL_AT dtprof's phase hooks raise. Every warning is printed (not only the
+first per place), and the job prints ``trained N steps`` when the loop is done.
+"""
+
+from __future__ import annotations
+
+import errno
+import sys
+import warnings
+
+import torch
+from torch import nn
+
+import dtprof
+from dtprof.record import phases, writer
+
+
+def main() -> None:
+    trace, mode, steps, fail_at = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    warnings.simplefilter("always")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    done = 0
+    with dtprof.profile(trace, model=model, optimizer=opt, flush_interval_s=0.05) as prof:
+        for step in range(steps):
+            if step == fail_at:
+                prof.writer.flush()  # what came before is on disk
+                if mode == "disk":
+
+                    def full(self: object, batch: object) -> None:
+                        raise OSError(errno.ENOSPC, "No space left on device")
+
+                    writer._Segment.append = full  # type: ignore[method-assign]
+                else:
+
+                    def broken(*args: object, **kwargs: object) -> object:
+                        raise ValueError("injected fault")
+
+                    phases.tree_leaves = broken  # type: ignore[assignment]
+            x = torch.randn(16, 32)
+            loss = model(x).square().mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            prof.log(loss=loss)
+            prof.step()
+            done += 1
+    print(f"trained {done} steps", flush=True)
+
+
+if __name__ == "__main__":
+    main()
