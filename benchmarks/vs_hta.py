@@ -1,6 +1,6 @@
 """dtprof against Holistic Trace Analysis on the same PyTorch profiler traces: time and memory.
 
-    python benchmarks/vs_hta.py [--ranks 8] [--repeat 1] [--keep DIR]
+    python benchmarks/vs_hta.py [--ranks 8] [--repeat 3] [--keep DIR]
 
 1. Installs HTA (PyPI ``holistictraceanalysis``, with ``pandas<3``: its critical path breaks on
    pandas 3) into its own environment under ``.bench-venvs/`` (once; gitignored).
@@ -9,9 +9,13 @@
    rank) with only ``distributedInfo.rank`` changed.
 3. Times, each in a fresh child process: HTA (import, construct ``TraceAnalysis``, temporal
    breakdown, communication/computation overlap); ``dtprof analyze`` cold (an empty cache) and
-   warm (the cache the cold run left). Peak memory is the largest sum of resident memory over
-   the child and all its descendants (both tools use worker processes), sampled every 20 ms.
-4. Prints a table with the ratios, and both tools' figures for rank 0.
+   warm (the cache the cold run left), ``--repeat`` times in turn. CPU time is the user + system
+   time of the child and all its descendants. Peak memory is the largest sum, over the child
+   and all its descendants (both tools use worker processes), of resident memory (RSS: pages
+   shared between them, the libraries and what a forked worker inherits, count once in each)
+   and of proportional memory (PSS: shared pages split between their users), sampled every
+   20 ms.
+4. Prints a table of medians with the ratios, and both tools' figures for rank 0.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ import argparse
 import gzip
 import json
 import os
+import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -72,11 +78,9 @@ def build_folder(target: Path, ranks: int) -> int:
     return len(raw) * ranks
 
 
-def _tree_rss(pid: int) -> int:
-    """Resident bytes of a process and all its descendants (from /proc)."""
+def _tree(pid: int) -> list[int]:
+    """A process and all its descendants (from /proc)."""
     children: dict[int, list[int]] = {}
-    rss: dict[int, int] = {}
-    page = os.sysconf("SC_PAGE_SIZE")
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -85,28 +89,47 @@ def _tree_rss(pid: int) -> int:
                 fields = f.read().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        p = int(entry)
-        children.setdefault(int(fields[1]), []).append(p)
-        rss[p] = int(fields[21]) * page
-    total, todo = 0, [pid]
+        children.setdefault(int(fields[1]), []).append(int(entry))
+    found, todo = [], [pid]
     while todo:
         p = todo.pop()
-        total += rss.get(p, 0)
+        found.append(p)
         todo += children.get(p, [])
-    return total
+    return found
 
 
-def measure(cmd: list[str], env: dict[str, str]) -> tuple[float, int, str]:
-    """(wall seconds, peak resident bytes of the process tree, stdout) of one command."""
+def _memory(pids: list[int]) -> tuple[int, int]:
+    """(RSS, PSS) bytes summed over these processes."""
+    rss = pss = 0
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/smaps_rollup") as f:
+                for line in f:
+                    if line.startswith("Rss:"):
+                        rss += int(line.split()[1]) * 1024
+                    elif line.startswith("Pss:"):
+                        pss += int(line.split()[1]) * 1024
+        except OSError:
+            continue
+    return rss, pss
+
+
+Run = tuple[float, float, int, int]  # wall s, CPU s, peak RSS bytes, peak PSS bytes
+
+
+def measure(cmd: list[str], env: dict[str, str]) -> tuple[Run, str]:
+    """((wall, CPU, peak RSS, peak PSS) of the process tree, stdout) of one command."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-    peak = 0
+    peak_rss = peak_pss = 0
     done = threading.Event()
 
     def sample() -> None:
-        nonlocal peak
+        nonlocal peak_rss, peak_pss
         while not done.is_set():
-            peak = max(peak, _tree_rss(proc.pid))
+            rss, pss = _memory(_tree(proc.pid))
+            peak_rss, peak_pss = max(peak_rss, rss), max(peak_pss, pss)
             time.sleep(0.02)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -115,15 +138,17 @@ def measure(cmd: list[str], env: dict[str, str]) -> tuple[float, int, str]:
     wall = time.perf_counter() - started
     done.set()
     sampler.join()
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = sum(getattr(after, k) - getattr(before, k) for k in ("ru_utime", "ru_stime"))
     if proc.returncode not in (0, 1):
         raise SystemExit(f"{' '.join(cmd)} failed with exit code {proc.returncode}")
-    return wall, peak, out.decode()
+    return (wall, cpu, peak_rss, peak_pss), out.decode()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, default=8)
-    parser.add_argument("--repeat", type=int, default=1, help="runs of each, best kept")
+    parser.add_argument("--repeat", type=int, default=3, help="runs of each; medians shown")
     parser.add_argument("--keep", help="build the folder here and keep it")
     args = parser.parse_args()
     hta_python = ensure_hta()
@@ -133,42 +158,51 @@ def main() -> None:
         cache = Path(tmp) / "cache"
         env = dict(os.environ, DTPROF_CACHE_DIR=str(cache), PYTHONWARNINGS="ignore")
         dtprof_cmd = [sys.executable, "-m", "dtprof", "analyze", str(folder), "--format", "json"]
-        results: dict[str, tuple[float, int]] = {}
+        runs: dict[str, list[Run]] = {}
         figures: dict[str, dict[str, float]] = {}
         for _ in range(args.repeat):
-            wall, peak, out = measure([str(hta_python), "-c", HTA_SCRIPT, str(folder)], env)
+            run, out = measure([str(hta_python), "-c", HTA_SCRIPT, str(folder)], env)
             figures["HTA 0.5.0"] = json.loads(out.strip().splitlines()[-1])
-            _keep_best(results, "HTA 0.5.0", wall, peak)
+            runs.setdefault("HTA 0.5.0", []).append(run)
             subprocess.run(["rm", "-rf", str(cache)], check=True)
-            wall, peak, out = measure(dtprof_cmd, env)
-            _keep_best(results, "dtprof analyze, cold", wall, peak)
-            wall, peak, out = measure(dtprof_cmd, env)
-            _keep_best(results, "dtprof analyze, warm", wall, peak)
+            run, out = measure(dtprof_cmd, env)
+            runs.setdefault("dtprof analyze, cold", []).append(run)
+            run, out = measure(dtprof_cmd, env)
+            runs.setdefault("dtprof analyze, warm", []).append(run)
             gpu = json.loads(out)["summary"]["gpu"]["ranks"][0]
             figures["dtprof"] = {
                 "idle": gpu["idle_pct"], "compute": gpu["compute_pct"],
                 "non_compute": gpu["non_compute_pct"], "overlap": gpu["comm_overlap_pct"],
             }  # fmt: skip
-    print(f"{args.ranks} ranks, {size / 1e6:,.0f} MB of JSON, {os.cpu_count()} CPUs\n")
-    hta_wall, hta_peak = results["HTA 0.5.0"]
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print(
-        "| run | wall s | peak MiB | HTA / it (time) | it / HTA (memory) |\n|---|---|---|---|---|"
+        f"{args.ranks} ranks, {size / 1e6:,.0f} MB of JSON, {os.cpu_count()} CPUs, load {load}, "
+        f"medians of {args.repeat} runs\n"
     )
-    for name, (wall, peak) in results.items():
+    median = {
+        name: tuple(statistics.median(r[i] for r in rs) for i in range(4))
+        for name, rs in runs.items()
+    }
+    hta = median["HTA 0.5.0"]
+    print(
+        "| run | wall s | CPU s | peak RSS MiB | peak PSS MiB | HTA / it (wall, CPU) "
+        "| it / HTA (RSS, PSS) |\n|---|---|---|---|---|---|---|"
+    )
+    for name, (wall, cpu, rss, pss) in median.items():
         print(
-            f"| {name} | {wall:.2f} | {peak / 2**20:,.0f} | {hta_wall / wall:.1f}x "
-            f"| {peak / hta_peak:.2f} |"
+            f"| {name} | {wall:.2f} | {cpu:.2f} | {rss / 2**20:,.0f} | {pss / 2**20:,.0f} "
+            f"| {hta[0] / wall:.1f}x, {hta[1] / cpu:.1f}x "
+            f"| {rss / hta[2]:.2f}, {pss / hta[3]:.2f} |"
         )
+    print("\nevery run (wall s, CPU s, RSS MiB, PSS MiB):")
+    for name, rs in runs.items():
+        cells = [f"{w:.1f}/{c:.1f}/{r / 2**20:,.0f}/{p / 2**20:,.0f}" for w, c, r, p in rs]
+        print(f"  {name}: {'  '.join(cells)}")
     print("\nrank 0 figures (idle / compute / non-compute / overlap %):")
     for name, fig in figures.items():
         print(
             f"  {name}: {fig['idle']} / {fig['compute']} / {fig['non_compute']} / {fig['overlap']}"
         )
-
-
-def _keep_best(results: dict[str, tuple[float, int]], name: str, wall: float, peak: int) -> None:
-    old = results.get(name)
-    results[name] = (wall, peak) if old is None or wall < old[0] else old
 
 
 if __name__ == "__main__":

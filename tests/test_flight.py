@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from dtprof.analysis import analyze
+from dtprof.cli import main
 from dtprof.errors import DtprofError
 from dtprof.jobs import launch
 from dtprof.trace import flight
@@ -78,6 +79,10 @@ def test_a_hang_is_found_in_real_flight_recorder_dumps(
     else:
         assert "called from" not in doing and frames == []
     assert set(trace.collectives["seq"]) == {1, 2}
+    # dtprof convert keeps the conversion, and analysing it gives the same finding
+    out = tmp_path / "converted"
+    assert main(["convert", str(folder), "-o", str(out)]) == 0
+    assert [f.to_json() for f in analyze(out).findings if f.code == "hang"] == [hang.to_json()]
     assert digest(folder) == before
 
 

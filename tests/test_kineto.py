@@ -12,7 +12,10 @@ import pytest
 import dtprof
 from dtprof.analysis import analyze
 from dtprof.cli import main
+from dtprof.trace import kineto_events
 from dtprof.trace.importer import cached, trace_kind
+from dtprof.trace.kineto import read_kineto
+from dtprof.trace.kineto_map import rank_tables
 from tests import kinetobuild as kb
 
 REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference_traces"
@@ -136,6 +139,34 @@ def test_bad_input_is_one_line_naming_the_file(
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and str(folder / name) in err and says in err, err
     assert not (tmp_path / "o").exists()
+
+
+def test_a_bad_event_is_named_by_its_place_in_the_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(kineto_events, "CHUNK_EVENTS", 4)  # the bad event in the third chunk
+    doc = kb.trace(0)
+    doc["traceEvents"][9] = 7
+    kb.write(tmp_path / "k", "rank0.json", doc)
+    assert main(["analyze", str(tmp_path / "k")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "rank0.json: traceEvents holds something other" in err
+    assert "at `$.traceEvents[9]`" in err, err
+
+
+def test_decoding_in_chunks_changes_nothing_and_odd_fields_are_tolerated(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    doc = kb.trace(0, relative=True, float_offset_us=0.125, seq=True)
+    doc["traceEvents"][10].update(args=[], pid="Spans")  # args that are no object: no args
+    doc["traceEvents"][13]["name"] = 5  # a kernel's name that is no string: its text
+    path = kb.write(tmp_path, "rank0.json", doc)
+    whole = rank_tables(read_kineto(path))
+    monkeypatch.setattr(kineto_events, "CHUNK_EVENTS", 3)
+    chunked = rank_tables(read_kineto(path))
+    assert all(whole[name].equals(chunked[name]) for name in whole)
+    assert whole["kernels"]["name"].to_pylist()[3] == "5" and whole["collectives"].num_rows == 3
+    assert whole["steps"]["start_ns"].to_pylist() == [125, 1_000_125, 2_000_125]
 
 
 def test_cli_analyze_caches_and_convert_writes_a_dtprof_trace(

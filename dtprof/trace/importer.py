@@ -304,9 +304,11 @@ def _json(obj: Any) -> bytes:
 def convert(
     path: str | os.PathLike[str], out: str | os.PathLike[str], progress: bool = False
 ) -> int:
-    """``dtprof convert``: write a Kineto path as a dtprof trace at ``out``; ranks written."""
+    """``dtprof convert``: write a Kineto path or Flight Recorder dumps as a dtprof trace at
+    ``out``; ranks written."""
     src, dst = Path(path), Path(out)
-    if trace_kind(src) != "kineto":
+    kind = trace_kind(src)
+    if kind == "dtprof":
         raise DtprofError(f"{src}: already a dtprof trace; nothing to convert")
     if dst.exists() and (not dst.is_dir() or any(dst.iterdir())):
         raise DtprofError(f"{dst}: exists and is not an empty directory")
@@ -314,6 +316,10 @@ def convert(
         dst.rmdir()
     dst.parent.mkdir(parents=True, exist_ok=True)
     try:
+        if kind == "flight":
+            from dtprof.trace.flight import convert_dumps
+
+            return convert_dumps(src, dst)
         return len(import_kineto(src, dst, progress=progress))
     except OSError as exc:
         raise DtprofError(f"{dst}: cannot write ({exc.strerror})") from None

@@ -1,8 +1,10 @@
-"""Read one PyTorch profiler (Kineto) trace file into columns; no per-event objects are kept.
+"""Read one PyTorch profiler (Kineto) trace file into columns; no per-event dicts are built.
 
-A file is parsed with orjson, then each group of events the importer needs (GPU activity,
-CUDA launches, CPU operators and annotations, ``[memory]`` instants) is pulled out column by
-column into numpy arrays; the parsed events are dropped before the file's tables are built
+The file is decoded a chunk of events at a time into typed records that hold only what the
+importer maps (:mod:`dtprof.trace.kineto_events`). From each chunk, the groups of events the
+importer needs (GPU activity, CUDA launches, CPU operators and annotations, ``[memory]``
+instants) are pulled out column by column into numpy / Arrow arrays, and the chunk's records
+are dropped before the next is decoded; the file's tables are built from the columns
 (:mod:`dtprof.trace.kineto_map`).
 
 Times: ``ts`` and ``dur`` are microseconds (integers in older traces, floats in newer ones).
@@ -13,30 +15,36 @@ whole and fractional microseconds so that absolute stamps keep their nanoseconds
 
 from __future__ import annotations
 
-import gzip
 import re
-import zlib
 from dataclasses import dataclass
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
-import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
+from msgspec import UNSET
 
 from dtprof.errors import DtprofError
+from dtprof.trace.kineto_events import Event, args_dict, chunks, decode
 
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset", "Kernel", "Memcpy", "Memset")
 LAUNCH_CATS = ("cuda_runtime", "cuda_driver", "Runtime", "Driver")
 CPU_CATS = ("cpu_op", "user_annotation", "Operator", "user_annotation")
 STEP_RE = r"^ProfilerStep\s*#\s*(?P<number>\d+)"
 COMM_ANNOTATION_RE = r"^(nccl|gloo|mpi|ucc|xccl):"
+COLS_FIELDS = ("name", "ts_ns", "end_ns", "pid", "tid")
+_PH, _CAT, _NAME = attrgetter("ph"), attrgetter("cat"), attrgetter("name")
+_TS, _DUR, _PID, _TID, _ARGS = (attrgetter(k) for k in ("ts", "dur", "pid", "tid", "args"))
 
 
 def ns_from_us(values: list[Any]) -> np.ndarray:
     """Microsecond stamps (int, float or numeric string; None as 0) to int64 ns, to the ns."""
     us = np.asarray([0 if v is None else v for v in values], dtype=np.float64)
+    if len(us) and not np.abs(us).max() < 9.2e15:  # past int64 ns (year 2261), or NaN
+        raise ValueError(f"a timestamp out of range ({us[~(np.abs(us) < 9.2e15)][0]} µs)")
     whole = np.floor(us)
     return whole.astype(np.int64) * 1000 + np.rint((us - whole) * 1000).astype(np.int64)
 
@@ -59,6 +67,11 @@ def _fast_ints(values: list[Any], default: int = -1) -> np.ndarray:
         return _ints(values, default)
 
 
+def _arg(args: list[Any], attr: str) -> list[Any]:
+    """One args key of each event; None where the event lacks it (or its args are no object)."""
+    return [None if (v := getattr(a, attr, UNSET)) is UNSET else v for a in args]
+
+
 @dataclass
 class Cols:
     """One group of events as columns (all the same length)."""
@@ -68,21 +81,10 @@ class Cols:
     end_ns: np.ndarray
     pid: np.ndarray
     tid: np.ndarray
-    args: list[dict[str, Any]]  # kept only for the few groups whose args are read (comms, memory)
+    args: list[dict[str, Any]]  # CPU group only: filled for collectives, the rest {}
 
     def __len__(self) -> int:
         return len(self.ts_ns)
-
-    def take(self, idx: np.ndarray) -> Cols:
-        keep = idx.tolist()
-        return Cols(
-            name=self.name.take(pa.array(idx, pa.int64())),
-            ts_ns=self.ts_ns[idx],
-            end_ns=self.end_ns[idx],
-            pid=self.pid[idx],
-            tid=self.tid[idx],
-            args=[self.args[i] for i in keep] if self.args else [],
-        )
 
 
 @dataclass
@@ -90,17 +92,21 @@ class KinetoFile:
     """What the importer needs of one trace file, columnar."""
 
     path: Path
-    header: dict[str, Any]  # every top-level key but traceEvents
+    header: dict[str, Any]  # the top-level keys of HEADER_KEYS the file has
     gpu: Cols  # kernels, memcpy, memset; args reduced to the columns below
     gpu_cat: pa.Array
     gpu_stream: np.ndarray
     gpu_correlation: np.ndarray
     gpu_bytes: np.ndarray
-    launch: Cols  # CUDA runtime / driver calls with a correlation id
+    launch_ts_ns: np.ndarray  # CUDA runtime / driver calls with a correlation id
+    launch_tid: np.ndarray
     launch_correlation: np.ndarray
     cpu: Cols  # ProfilerStep#N, record_param_comms, nccl:/gloo: annotations, other annotations
     cpu_cat: pa.Array
-    memory: Cols  # [memory] instants, with args
+    memory_ts_ns: np.ndarray  # [memory] instants
+    memory_device_type: np.ndarray  # 1 CUDA, else CPU; 0 when absent
+    memory_allocated: np.ndarray  # float64 bytes, NaN when absent
+    memory_reserved: np.ndarray
     events: int
 
     @property
@@ -115,111 +121,122 @@ class KinetoFile:
         return info if isinstance(info, dict) else {}
 
 
-def read_bytes(path: Path) -> bytes:
-    """The file's JSON text, gunzipped when it is gzip (by its magic bytes, not its name)."""
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise DtprofError(f"{path}: cannot read ({exc.strerror})") from None
-    if raw[:2] == b"\x1f\x8b":
-        try:
-            return gzip.decompress(raw)
-        except (OSError, EOFError, zlib.error) as exc:
-            raise DtprofError(f"{path}: corrupted gzip ({exc})") from None
-    return raw
-
-
-def load_json(path: Path) -> dict[str, Any]:
-    """The parsed trace object; a file that is not a Kineto trace fails naming it."""
-    try:
-        doc = orjson.loads(read_bytes(path))
-    except orjson.JSONDecodeError as exc:
-        raise DtprofError(f"{path}: not valid JSON ({exc})") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
-        raise DtprofError(f"{path}: not a PyTorch profiler trace (no traceEvents list)")
-    return doc
-
-
-def _cols(events: list[Any], idx: np.ndarray, *, args: bool) -> Cols:
+def _columns(
+    group: str, events: list[Event], idx: np.ndarray, fields: tuple[str, ...] = COLS_FIELDS
+) -> tuple[dict[str, Any], list[Any]]:
+    """``group_field`` columns of the events at idx (fields of Cols), and their args records."""
     sub = [events[i] for i in idx.tolist()]
-    ts = ns_from_us([e.get("ts") for e in sub])
-    dur = ns_from_us([e.get("dur") for e in sub])
-    return Cols(
-        name=pa.array([str(e.get("name", "")) for e in sub], pa.string()),
-        ts_ns=ts,
-        end_ns=ts + np.maximum(dur, 0),
-        pid=_fast_ints([e.get("pid") for e in sub]),
-        tid=_fast_ints([e.get("tid") for e in sub]),
-        args=[e.get("args") or {} for e in sub] if args else [],
+    out: dict[str, Any] = {}
+    ts = out[f"{group}_ts_ns"] = ns_from_us(list(map(_TS, sub)))
+    if "end_ns" in fields:
+        out[f"{group}_end_ns"] = ts + np.maximum(ns_from_us(list(map(_DUR, sub))), 0)
+    if "name" in fields:
+        out[f"{group}_name"] = pc.fill_null(_strings(list(map(_NAME, sub))), "")
+    if "pid" in fields:
+        out[f"{group}_pid"] = _fast_ints(list(map(_PID, sub)))
+    if "tid" in fields:
+        out[f"{group}_tid"] = _fast_ints(list(map(_TID, sub)))
+    return out, list(map(_ARGS, sub))
+
+
+def _strings(values: list[Any]) -> pa.Array:
+    """Strings as they are, None as null, anything else as its str()."""
+    try:
+        return pa.array(values, pa.string())
+    except (pa.ArrowTypeError, pa.ArrowInvalid):
+        return pa.array([v if v is None or isinstance(v, str) else str(v) for v in values])
+
+
+def _floats(values: list[Any]) -> np.ndarray:
+    return np.asarray([np.nan if v is None else v for v in values], dtype=np.float64)
+
+
+def _where(mask: pa.Array) -> np.ndarray:
+    return np.flatnonzero(pc.fill_null(mask, False).to_numpy(zero_copy_only=False))
+
+
+def _chunk_columns(events: list[Event]) -> dict[str, Any]:
+    """Every column of KinetoFile (``group_field``) for one chunk of events."""
+    cat = pa.array(list(map(_CAT, events)), pa.string())
+    ph = pa.array(list(map(_PH, events)), pa.string())
+    name = _strings(list(map(_NAME, events)))  # null where missing: matches nothing
+    complete = pc.fill_null(pc.equal(ph, "X"), False)
+    gpu_idx = _where(pc.and_(complete, pc.is_in(cat, pa.array(GPU_CATS))))
+    launch_idx = _where(pc.and_(complete, pc.is_in(cat, pa.array(LAUNCH_CATS))))
+    is_step = pc.match_substring_regex(name, STEP_RE)
+    is_comm = pc.or_kleene(
+        pc.equal(name, "record_param_comms"), pc.match_substring_regex(name, COMM_ANNOTATION_RE)
     )
+    is_gloo_op = pc.starts_with(name, "gloo:")
+    annotation = pc.equal(cat, "user_annotation")
+    cpu_idx = _where(
+        pc.and_kleene(
+            complete,
+            pc.or_kleene(pc.or_kleene(is_step, is_comm), pc.or_kleene(is_gloo_op, annotation)),
+        )
+    )
+    mem_idx = _where(pc.and_(pc.equal(ph, "i"), pc.equal(name, "[memory]")))
+
+    out, gpu_args = _columns("gpu", events, gpu_idx)
+    stream = _fast_ints(_arg(gpu_args, "stream"), -1)
+    out.update(
+        gpu_cat=cat.take(pa.array(gpu_idx, pa.int64())),
+        gpu_stream=np.where(stream < 0, out["gpu_tid"], stream),
+        gpu_correlation=_fast_ints(_arg(gpu_args, "correlation"), -1),
+        gpu_bytes=_fast_ints(_arg(gpu_args, "bytes"), -1),
+    )
+    launch, launch_args = _columns("launch", events, launch_idx, ("ts_ns", "tid"))
+    correlation = _fast_ints(_arg(launch_args, "correlation"), -1)
+    keep = correlation >= 0  # a launch without one matches no GPU event
+    out.update(
+        launch_ts_ns=launch["launch_ts_ns"][keep],
+        launch_tid=launch["launch_tid"][keep],
+        launch_correlation=correlation[keep],
+    )
+    cpu, cpu_args = _columns("cpu", events, cpu_idx)
+    reads_args = pc.fill_null(is_comm, False).to_numpy(zero_copy_only=False)[cpu_idx]
+    out.update(
+        cpu,
+        cpu_cat=cat.take(pa.array(cpu_idx, pa.int64())),
+        cpu_args=[args_dict(a) if r else {} for a, r in zip(cpu_args, reads_args, strict=True)],
+    )
+    memory, memory_args = _columns("memory", events, mem_idx, ("ts_ns",))
+    out.update(
+        memory,
+        memory_device_type=_fast_ints(_arg(memory_args, "device_type"), 0),
+        memory_allocated=_floats(_arg(memory_args, "total_allocated")),
+        memory_reserved=_floats(_arg(memory_args, "total_reserved")),
+    )
+    return out
 
 
-def _arg(sub: list[dict[str, Any]], key: str, default: Any) -> list[Any]:
-    return [a.get(key, default) if isinstance(a, dict) else default for a in sub]
+def _concat(parts: list[Any]) -> Any:
+    if isinstance(parts[0], pa.Array):
+        return pa.concat_arrays(parts) if len(parts) > 1 else parts[0]
+    if isinstance(parts[0], list):
+        return [x for part in parts for x in part]
+    return np.concatenate(parts) if len(parts) > 1 else parts[0]
 
 
 def read_kineto(path: str | Path) -> KinetoFile:
     """Parse one trace file and keep, as columns, the event groups the importer maps."""
     path = Path(path)
-    doc = load_json(path)
-    events: list[Any] = doc.pop("traceEvents")
-    if not all(isinstance(e, dict) for e in events[:1000]):
-        raise DtprofError(f"{path}: traceEvents holds something other than events")
-    events = [e for e in events if isinstance(e, dict)] if events else events
-    cat = pa.array([e.get("cat") for e in events], pa.string())
-    ph = pa.array([e.get("ph") for e in events], pa.string())
-    name = pa.array([e.get("name") if isinstance(e.get("name"), str) else "" for e in events])
-    complete = pc.fill_null(pc.equal(ph, "X"), False)
+    header, text, raws = decode(path)
+    try:
+        parts = [_chunk_columns(events) for events in chunks(path, text, raws)]
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:  # what skipping an event let by
+        raise DtprofError(f"{path}: not valid JSON ({exc})") from None
+    col = {key: _concat([part[key] for part in parts]) for key in parts[0]}
+    events = len(raws)
+    del parts, raws, text  # the records are gone already; the text goes before the mapping
 
-    def where(mask: pa.Array) -> np.ndarray:
-        return np.flatnonzero(pc.fill_null(mask, False).to_numpy(zero_copy_only=False))
+    def cols(group: str) -> Cols:
+        name, ts_ns, end_ns, pid, tid = (col.pop(f"{group}_{f}") for f in COLS_FIELDS)
+        return Cols(name, ts_ns, end_ns, pid, tid, args=col.pop(f"{group}_args", []))
 
-    gpu_idx = where(pc.and_(complete, pc.is_in(cat, pa.array(GPU_CATS))))
-    launch_idx = where(pc.and_(complete, pc.is_in(cat, pa.array(LAUNCH_CATS))))
-    is_step = pc.match_substring_regex(name, STEP_RE)
-    is_comm = pc.or_(
-        pc.equal(name, "record_param_comms"), pc.match_substring_regex(name, COMM_ANNOTATION_RE)
+    return KinetoFile(
+        path=path, header=header, gpu=cols("gpu"), cpu=cols("cpu"), events=events, **col
     )
-    is_gloo_op = pc.starts_with(name, "gloo:")
-    annotation = pc.equal(cat, "user_annotation")
-    cpu_idx = where(
-        pc.and_(
-            complete,
-            pc.or_(pc.or_(is_step, is_comm), pc.or_(is_gloo_op, annotation)),
-        )
-    )
-    mem_idx = where(pc.and_(pc.equal(ph, "i"), pc.equal(name, "[memory]")))
-
-    gpu = _cols(events, gpu_idx, args=True)
-    gpu_args = gpu.args
-    stream = _fast_ints(_arg(gpu_args, "stream", None), -1)
-    stream = np.where(stream < 0, gpu.tid, stream)
-    gpu_corr = _fast_ints(_arg(gpu_args, "correlation", None), -1)
-    gpu_bytes = _fast_ints(_arg(gpu_args, "bytes", None), -1)
-    gpu.args = []
-    launch = _cols(events, launch_idx, args=True)
-    launch_corr = _fast_ints(_arg(launch.args, "correlation", None), -1)
-    launch.args = []
-    keep_launch = np.flatnonzero(launch_corr >= 0)
-    launch, launch_corr = launch.take(keep_launch), launch_corr[keep_launch]
-    cpu = _cols(events, cpu_idx, args=True)
-    out = KinetoFile(
-        path=path,
-        header=doc,
-        gpu=gpu,
-        gpu_cat=cat.take(pa.array(gpu_idx, pa.int64())),
-        gpu_stream=stream,
-        gpu_correlation=gpu_corr,
-        gpu_bytes=gpu_bytes,
-        launch=launch,
-        launch_correlation=launch_corr,
-        cpu=cpu,
-        cpu_cat=cat.take(pa.array(cpu_idx, pa.int64())),
-        memory=_cols(events, mem_idx, args=True),
-        events=len(events),
-    )
-    del events
-    return out
 
 
 RANK_IN_NAME = re.compile(r"rank[-_=.]?(\d+)", re.IGNORECASE)

@@ -125,7 +125,7 @@ def _launch_times(kf: KinetoFile) -> tuple[np.ndarray, np.ndarray]:
         if len(corr)
         else (np.zeros(len(kf.gpu_correlation), bool))
     )
-    ts = kf.launch.ts_ns[order][pos_c] if len(corr) else np.zeros(len(pos), np.int64)
+    ts = kf.launch_ts_ns[order][pos_c] if len(corr) else np.zeros(len(pos), np.int64)
     return np.where(found, ts, 0), np.asarray(found, bool)
 
 
@@ -231,7 +231,7 @@ def _launch_tids(kf: KinetoFile) -> np.ndarray:
     if not len(corr):
         return np.full(len(kf.gpu_correlation), -1, np.int64)
     pos = np.minimum(np.searchsorted(corr, kf.gpu_correlation), len(corr) - 1)
-    return kf.launch.tid[order][pos]
+    return kf.launch_tid[order][pos]
 
 
 def _row(
@@ -264,20 +264,17 @@ def _row(
 
 def samples_table(kf: KinetoFile, steps: pd.DataFrame) -> pa.Table:
     """The last ``[memory]`` reading of each step: allocated and reserved, CUDA and CPU."""
-    mem = kf.memory
-    if not len(mem):
+    if not len(kf.memory_ts_ns):
         return TABLES["samples"].schema.empty_table()
-    args = mem.args
-    device = np.array([a.get("Device Type", 0) for a in args], dtype=np.int64)
     frame = pd.DataFrame(
         {
-            "ts_ns": mem.ts_ns,
-            "device": np.where(device == 1, "cuda", "cpu"),
-            "allocated_bytes": [a.get("Total Allocated", np.nan) for a in args],
-            "reserved_bytes": [a.get("Total Reserved", np.nan) for a in args],
+            "ts_ns": kf.memory_ts_ns,
+            "device": np.where(kf.memory_device_type == 1, "cuda", "cpu"),
+            "allocated_bytes": kf.memory_allocated,
+            "reserved_bytes": kf.memory_reserved,
         }
     )
-    frame["step"] = step_at(steps, mem.ts_ns)
+    frame["step"] = step_at(steps, kf.memory_ts_ns)
     last = frame.sort_values("ts_ns").groupby(["step", "device"], as_index=False).last()
     long = last.melt(
         id_vars=["step", "device", "ts_ns"], value_vars=["allocated_bytes", "reserved_bytes"],

@@ -128,21 +128,23 @@ def _transient(
     breaks = np.r_[True, (who[1:] != who[:-1]) | (np.diff(step_no) != 1)]
     run_id = np.cumsum(breaks)
     runs = pd.DataFrame({"run": run_id, "who": who, "step": step_no, "ratio": ratio})
-    runs = runs[runs["who"] >= 0].groupby("run").agg(
-        rank=("who", "first"),
-        first=("step", "first"),
-        last=("step", "last"),
-        n=("step", "size"),
-        slowdown=("ratio", "median"),
+    runs = (
+        runs[runs["who"] >= 0]
+        .groupby("run")
+        .agg(
+            rank=("who", "first"),
+            first=("step", "first"),
+            last=("step", "last"),
+            n=("step", "size"),
+            slowdown=("ratio", "median"),
+        )
     )
     runs = runs[(runs["n"] >= WINDOW_STEPS) & (runs["slowdown"] >= WINDOW_SLOWDOWN)]
     findings = []
     for w in runs.sort_values("n", ascending=False).head(MAX_WINDOWS).itertuples():
         window = steps[steps["step"].between(w.first, w.last)]
         findings.append(
-            _finding(
-                run, window, arr, int(w.rank), float(w.slowdown), chronic=False, share=1.0
-            )
+            _finding(run, window, arr, int(w.rank), float(w.slowdown), chronic=False, share=1.0)
         )
     return sorted(findings, key=lambda f: f.first_step or 0)
 
