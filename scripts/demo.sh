@@ -17,3 +17,5 @@ echo "== what went wrong: dtprof analyze $TRACE"
 dtprof analyze "$TRACE" || true   # exits 1 when it finds an error, as CI would want
 echo
 echo "The trace is Parquet: python -c \"import dtprof; t = dtprof.load_trace('$TRACE'); print(t.collectives)\""
+echo "The dashboard: . .venv/bin/activate && dtprof dashboard $TRACE   (then open http://127.0.0.1:8050/)"
+echo "               dtprof replay $TRACE --speed 2                   (the run played as if live)"
