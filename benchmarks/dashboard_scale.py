@@ -6,7 +6,8 @@ The trace comes from ``build_trace`` of benchmarks/analyze_scale.py (dtprof's re
 about 50 records per rank and step). A first page is: ``create_app`` (the follower lists every
 rank and reads its meta.json), the first poll (every rank's steps table: headline and step-time
 charts need nothing else), and the overview's figures. Each repeat starts from a fresh app in
-this process (imports already paid). ``--full`` then reads everything else once, runs the
+this process (imports already paid). ``--full`` then, in a fresh process whose memory (with
+its worker processes) is sampled from /proc every 50 ms, reads everything else once, runs the
 checks, and times every page's figures, in a separate table.
 """
 
@@ -16,6 +17,7 @@ import argparse
 import json
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -25,7 +27,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from analyze_scale import build_trace
+from analyze_scale import build_trace, tree_rss_bytes
 
 from dashboard.app import create_app
 from dashboard.pages import (
@@ -89,9 +91,11 @@ def all_pages(trace: Path) -> list[tuple[str, float, float]]:
     rows = [("read everything + checks", t_full, 0.0)]
     pages: list[tuple[str, Callable[[], Any]]] = [
         ("overview", lambda: overview.update(snap)[-1].children),
-        ("ranks (default window)", lambda: ranks.update(snap, None, None)),
+        ("ranks (every step)", lambda: ranks.update(snap, None, None)),
         ("timeline (8 ranks x 3 steps)", lambda: timeline.update(snap, None, None)),
+        ("timeline, same window again", lambda: timeline.update(snap, None, None)),
         ("communication", lambda: communication.update(snap, None, None)),
+        ("communication (100 steps)", lambda: communication.update(snap, None, "900:1000")),
         ("pipeline", lambda: pipeline.update(snap, None)),
         ("memory", lambda: memory.update(snap, None, None, None)),
         ("divergence", lambda: divergence.update(snap, None, None, None)),
@@ -104,6 +108,20 @@ def all_pages(trace: Path) -> list[tuple[str, float, float]]:
     return rows
 
 
+def full_load(trace: Path) -> tuple[list[tuple[str, float, float]], float]:
+    """all_pages in a fresh process: its rows and the peak GiB of that process and its workers."""
+    cmd = [sys.executable, __file__, "--out", str(trace), "--child"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    peak = 0
+    while proc.poll() is None:
+        peak = max(peak, tree_rss_bytes(proc.pid))
+        time.sleep(0.05)
+    out = proc.stdout.read() if proc.stdout else ""
+    if proc.returncode:
+        sys.exit(f"the full load failed ({proc.returncode})")
+    return [tuple(row) for row in json.loads(out)], peak / 2**30
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--ranks", type=int, default=1024)
@@ -112,14 +130,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=5, help="first pages timed; medians reported")
     p.add_argument("--out", help="keep (or reuse) the synthetic trace here")
     p.add_argument("--full", action="store_true", help="also read everything and time each page")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # --full's process
     args = p.parse_args(argv)
+    if args.child:
+        print(json.dumps(all_pages(Path(args.out))))
+        return 0
 
     tmp = None if args.out else tempfile.mkdtemp(prefix="dtprof-dash-scale-")
     trace = Path(args.out or tmp or "")
     try:
         records = build_trace(trace, args.ranks, args.steps, args.seed)
         runs = [first_page(trace) for _ in range(args.repeat)]
-        full = all_pages(trace) if args.full else []
+        full, peak = full_load(trace) if args.full else ([], 0.0)
     finally:
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -139,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{'after the first page (once)':<40}{'s':>8}{'payload MiB':>14}")
         for name, took, mib in full:
             print(f"{name:<40}{took:>8.2f}{mib:>14.2f}" if took else name)
+        print(f"peak memory of the full load (process and workers): {peak:.2f} GiB")
     return 0 if first <= GOAL_S else 1
 
 

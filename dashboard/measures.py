@@ -1,49 +1,108 @@
 """Per rank x step measures the heatmaps and charts show, built on the analysis' own matching.
 
 The checks reduce these to findings; the pages need them unreduced (per step, per collective),
-so they are taken here from the same primitives: ``match`` pairs each collective across ranks,
-``arrivals`` charges waiting, a transfer starts when the last member entered.
+so they are taken here from the same primitives, once per snapshot (``precompute``), then only
+windowed and binned by the pages: ``RunSummary.matched`` pairs each collective across ranks
+(a seq x member matrix per group), a transfer starts when the last member entered, the
+waiting before it is charged to the last. The sweeps go through the members a block of ranks
+at a time, so that no copy of a whole matrix is made.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 import pandas as pd
 
-from dtprof.analysis.checks.straggler import arrivals
+from dashboard.shape import window
 from dtprof.analysis.summarize import RunSummary
 
+if TYPE_CHECKING:
+    from dashboard.rundata import RunData
 
-def waiting(run: RunSummary) -> pd.DataFrame:
-    """rank, step, wait_ns: time each rank waited at collectives for the last member."""
-    return arrivals(run, 0).waited
+RANK_BLOCK = 64  # members swept at a time
+MAX_SAMPLE = 2_000_000  # collective records kept for the median transfer time and bandwidth
 
 
-def transfers(run: RunSummary) -> pd.DataFrame:
-    """rank, step, start_ns, end_ns of complete collectives, from the last member's entry."""
-    parts = []
+def precompute(data: RunData) -> None:
+    """Make every per-snapshot aggregate now (in the polling thread), not in a page's request."""
+    rank_steps(data)
+    arrival_skew(data)
+    op_records(data)
+
+
+def rank_steps(data: RunData) -> pd.DataFrame:
+    """rank, step, step_ns, compute_ns, comm_ns, overlap_ns, wait_ns per rank-step (wait_ns NaN
+    where no complete collective ran)."""
+    return data.cached("rank_steps", lambda: _rank_steps(data.run))
+
+
+def _rank_steps(run: RunSummary) -> pd.DataFrame:
+    per = run.steps[["rank", "step", "step_ns", "compute_ns"]].reset_index(drop=True)
+    members = np.unique(np.concatenate([g.ranks for g in run.matched] or [np.zeros(0, int)]))
+    phase_rank = run.phases["rank"].to_numpy()
+    comm, waits = [], []
+    for lo in range(0, len(members), RANK_BLOCK):
+        block = members[lo : lo + RANK_BLOCK]
+        spans, wait = _transfers(run, int(block[0]), int(block[-1]))
+        phases = run.phases[(phase_rank >= block[0]) & (phase_rank <= block[-1])]
+        comm.append(exposed(spans, phases))
+        waits.append(wait)
+    if comm:
+        sweep = pd.concat(comm, ignore_index=True)
+        wait = pd.concat(waits, ignore_index=True).groupby(["rank", "step"], as_index=False).sum()
+        per = per.merge(sweep, on=["rank", "step"], how="left").merge(
+            wait, on=["rank", "step"], how="left"
+        )
+    else:
+        per = per.assign(comm_ns=np.nan, overlap_ns=np.nan, wait_ns=np.nan)
+    per[["comm_ns", "overlap_ns"]] = per[["comm_ns", "overlap_ns"]].fillna(0)
+    return per
+
+
+def _transfers(run: RunSummary, first: int, last: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """For members first..last: each complete collective's transfer (rank, step, start_ns,
+    end_ns, from the last member's entry) and the waiting per rank and step (wait_ns)."""
+    spans, waits = [], []
     for g in run.matched:
-        keep = g.complete
-        if not keep.any():
+        keep = np.flatnonzero(g.complete)
+        lo, hi = np.searchsorted(g.ranks, [first, last + 1])
+        if not len(keep) or lo == hi:
             continue
-        start = g.start[keep].max(axis=1)
-        end = np.maximum(start[:, None], g.end[keep])
+        latest = g.start.max(axis=1)[keep]
+        start = g.start[keep, lo:hi]
+        end = np.maximum(latest[:, None], g.end[keep, lo:hi])
         n, m = end.shape
-        parts.append(
+        step = g.step[keep]
+        ranks = g.ranks[lo:hi]
+        spans.append(
             pd.DataFrame(
                 {
-                    "rank": np.tile(g.ranks, n),
-                    "step": np.repeat(g.step[keep], m),
-                    "start_ns": np.repeat(start, m),
+                    "rank": np.tile(ranks, n),
+                    "step": np.repeat(step, m),
+                    "start_ns": np.repeat(latest, m),
                     "end_ns": end.ravel(),
                 }
             )
         )
-    if not parts:
-        return pd.DataFrame(
-            {c: pd.Series(dtype="int64") for c in ("rank", "step", "start_ns", "end_ns")}
+        order = np.argsort(step, kind="stable")
+        steps, bounds = np.unique(step[order], return_index=True)
+        per_step = np.add.reduceat((latest[:, None] - start)[order], bounds, axis=0)
+        waits.append(
+            pd.DataFrame(
+                {
+                    "rank": np.tile(ranks, len(steps)),
+                    "step": np.repeat(steps, m),
+                    "wait_ns": per_step.ravel(),
+                }
+            )
         )
-    return pd.concat(parts, ignore_index=True)
+    if not spans:
+        cols = ("rank", "step", "start_ns", "end_ns")
+        empty = pd.DataFrame({c: pd.Series(dtype="int64") for c in cols})
+        return empty, pd.DataFrame({c: pd.Series(dtype="int64") for c in ("rank", "step")})
+    return pd.concat(spans, ignore_index=True), pd.concat(waits, ignore_index=True)
 
 
 def exposed(comm: pd.DataFrame, compute: pd.DataFrame) -> pd.DataFrame:
@@ -85,14 +144,19 @@ def _running(delta: np.ndarray, starts: np.ndarray) -> np.ndarray:
     return total - np.repeat(before, np.diff(np.r_[starts, len(delta)]))
 
 
-def arrival_skew(run: RunSummary) -> pd.DataFrame:
-    """group, seq, step, op, skew_ns (last entry - first), last_rank, start_ns per collective."""
+def arrival_skew(data: RunData) -> pd.DataFrame:
+    """group, seq, step, op, skew_ns (last entry - first), last_rank, start_ns per complete
+    collective."""
+    return data.cached("arrival_skew", lambda: _arrival_skew(data.run))
+
+
+def _arrival_skew(run: RunSummary) -> pd.DataFrame:
     parts = []
     for g in run.matched:
         keep = g.complete
         if not keep.any():
             continue
-        start = g.start[keep]
+        latest, earliest = g.start.max(axis=1)[keep], g.start.min(axis=1)[keep]
         parts.append(
             pd.DataFrame(
                 {
@@ -100,9 +164,9 @@ def arrival_skew(run: RunSummary) -> pd.DataFrame:
                     "seq": g.seq[keep],
                     "step": g.step[keep],
                     "op": g.op[keep],
-                    "skew_ns": start.max(axis=1) - start.min(axis=1),
-                    "last_rank": g.ranks[start.argmax(axis=1)],
-                    "start_ns": start.min(axis=1),
+                    "skew_ns": latest - earliest,
+                    "last_rank": g.ranks[g.start.argmax(axis=1)[keep]],
+                    "start_ns": earliest,
                 }
             )
         )
@@ -110,31 +174,64 @@ def arrival_skew(run: RunSummary) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=cols)
 
 
-def per_op(run: RunSummary) -> pd.DataFrame:
+def op_records(data: RunData) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Per op and step: calls and bytes (every record); and an even sample of at most
+    MAX_SAMPLE records (op, step, transfer_ns, gbps) for the medians."""
+    return data.cached("op_records", lambda: _op_records(data.run))  # type: ignore[no-any-return]
+
+
+def _op_records(run: RunSummary) -> tuple[pd.DataFrame, pd.DataFrame]:
+    coll = run.collectives
+    if coll.empty:
+        empty = pd.DataFrame({"op": [], "step": [], "calls": [], "bytes": []})
+        return empty, pd.DataFrame({"op": [], "step": [], "transfer_ns": [], "gbps": []})
+    ops = coll["op"].astype("category")
+    codes, names = ops.cat.codes.to_numpy(), np.asarray(ops.cat.categories, dtype=object)
+    step = coll["step"].to_numpy(np.int64)
+    nbytes = coll["bytes"].to_numpy(np.int64)
+    # calls and bytes per (op, step), exact, without a frame of every record
+    key = codes.astype(np.int64) * (step.max() + 1) + step
+    ukey, inverse = np.unique(key, return_inverse=True)
+    per = pd.DataFrame(
+        {
+            "op": names[ukey // (step.max() + 1)],
+            "step": ukey % (step.max() + 1),
+            "calls": np.bincount(inverse),
+            "bytes": np.bincount(inverse, weights=nbytes),
+        }
+    )
+    pick = np.arange(0, len(coll), max(1, -(-len(coll) // MAX_SAMPLE)))
+    begin = coll["start_ns"].to_numpy(np.int64)[pick].copy()
+    group = coll["group"].to_numpy()[pick]
+    seq = coll["seq"].to_numpy(np.int64)[pick]
+    groupwise = coll["peer"].isna().to_numpy()[pick]
+    for g in run.matched:  # a collective's transfer starts when its last member entered
+        mine = np.flatnonzero(groupwise & (group == g.group))
+        row = np.searchsorted(g.seq, seq[mine]).clip(0, len(g.seq) - 1)
+        found = g.seq[row] == seq[mine]
+        begin[mine[found]] = g.start.max(axis=1)[row[found]]
+    transfer = np.maximum(coll["end_ns"].to_numpy(np.int64)[pick] - begin, 1)
+    sample = pd.DataFrame(
+        {
+            "op": names[codes[pick]],
+            "step": step[pick],
+            "transfer_ns": transfer,
+            "gbps": nbytes[pick] / transfer,  # bytes per ns = GB/s
+        }
+    )
+    return per, sample
+
+
+def per_op(data: RunData, steps: tuple[int | None, int | None]) -> pd.DataFrame:
     """op, calls, bytes, transfer_ns (median), gbps (median of bytes / transfer) per op.
 
     A collective's transfer starts when its last member entered (no waiting counted); a
     point-to-point one's when it was called.
     """
-    coll = run.collectives
-    if coll.empty:
+    per, sample = op_records(data)
+    if per.empty:
         return pd.DataFrame(columns=["op", "calls", "bytes", "transfer_ns", "gbps"])
-    p2p = coll["peer"].notna().to_numpy()
-    last = coll.groupby(["group", "seq"])["start_ns"].transform("max").to_numpy()
-    begin = np.where(p2p, coll["start_ns"].to_numpy(), last)
-    transfer = np.maximum(coll["end_ns"].to_numpy() - begin, 1)
-    frame = pd.DataFrame(
-        {
-            "op": coll["op"].to_numpy(),
-            "bytes": coll["bytes"].to_numpy(),
-            "transfer_ns": transfer,
-            "gbps": coll["bytes"].to_numpy() / transfer,  # bytes per ns = GB/s
-        }
-    )
-    out = frame.groupby("op").agg(
-        calls=("bytes", "size"),
-        bytes=("bytes", "sum"),
-        transfer_ns=("transfer_ns", "median"),
-        gbps=("gbps", "median"),
-    )
+    counts = window(per, steps).groupby("op")[["calls", "bytes"]].sum()
+    medians = window(sample, steps).groupby("op")[["transfer_ns", "gbps"]].median()
+    out: Any = counts.join(medians, how="inner")
     return out.reset_index()

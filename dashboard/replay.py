@@ -12,6 +12,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from dashboard.rundata import RunData, prefix
 from dashboard.source import LiveSource, Snapshot, empty_snapshot
@@ -80,7 +81,8 @@ class ReplaySource:
         live = LiveSource(path)
         live.refresh()  # the steps
         live.refresh()  # everything else
-        self.full = live.snapshot().data
+        full = live.snapshot().data  # a replay cuts prefixes: its spans are kept, once
+        self.full = replace(full, rows=replace(full.rows, spans_held=full.rows.all_spans()))
         self.raised = raise_steps(self.full)
         ends = self.full.steps.groupby("step")["end_ns"].max().sort_index()
         self.step_at_s = (ends - ends.iloc[0]) / 1e9 if len(ends) else ends

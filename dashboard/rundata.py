@@ -1,31 +1,43 @@
 """RunData: what the pages draw from, made by the analysis' own per-rank summaries.
 
-The dashboard keeps each rank's rows in memory as read (dtprof.trace.follow) and summarizes a
-rank again only when it got new rows (``summarize_frames``, the analyzer's reduction of one
-rank's tables), so a live run costs the ranks that moved, not the whole trace.
+The dashboard keeps each rank's summary (``summarize_frames``, the analyzer's reduction of one
+rank's tables; grown poll by poll, dashboard.held) and its samples, not its rows: the spans a
+page shows are read from disk on demand (dashboard.rows).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from dtprof.analysis.summarize import RankSummary, RunSummary, combine, summarize_frames
+from dashboard.rows import Rows
+from dtprof.analysis.summarize import RunSummary, combine, summarize_frames
 from dtprof.trace.reader import clock_params, table_frame
 from dtprof.trace.schema import TABLES
 
 
 @dataclass(frozen=True)
 class RunData:
-    """The analysis' RunSummary plus the frames it leaves out: every span, NVML samples."""
+    """The analysis' RunSummary plus what it leaves out: NVML samples, and where the spans are."""
 
     run: RunSummary
-    spans: pd.DataFrame  # rank, step, name, kind, start_ns, end_ns, depth, stage, microbatch
     samples: pd.DataFrame  # rank, step, ts_ns, metric, value
+    rows: Rows = field(default_factory=Rows)  # spans, read on demand
+    memo: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    lock: threading.Lock = field(default_factory=threading.Lock, compare=False, repr=False)
+
+    def cached(self, key: str, make: Callable[[], Any]) -> Any:
+        """Per-run memo of the aggregates the pages share (dashboard.measures): made once."""
+        with self.lock:  # two page requests at once must not both sweep a large run
+            if key not in self.memo:
+                self.memo[key] = make()
+            return self.memo[key]
 
     @property
     def ranks(self) -> list[int]:
@@ -40,33 +52,12 @@ class RunData:
         return int(self.run.steps["step"].max()) if not self.run.steps.empty else -1
 
 
-def summarize(
-    rank: int, meta: dict[str, Any], tables: dict[str, pa.Table], inflight: list[dict[str, Any]]
-) -> RankSummary:
-    """One rank's summary from its rows in memory."""
-    return summarize_frames({**meta, "rank": rank}, tables, inflight)
-
-
-def assemble(
-    summaries: dict[int, RankSummary],
-    tables: dict[int, dict[str, pa.Table]],
-    meta: dict[int, dict[str, Any]],
-) -> RunData:
-    """The run from every rank's summary, plus the spans and samples of every rank."""
-    if not summaries:
-        return empty()
-    params = {r: clock_params(m) for r, m in meta.items() if r in summaries}
-    spans = table_frame(
-        TABLES["spans"],
-        [(r, t["spans"]) for r, t in sorted(tables.items()) if r in params and "spans" in t],
-        params,
-    )
-    samples = table_frame(
-        TABLES["samples"],
-        [(r, t["samples"]) for r, t in sorted(tables.items()) if r in params and "samples" in t],
-        params,
-    )
-    return RunData(run=combine(list(summaries.values())), spans=spans, samples=samples)
+def samples_frame(samples: dict[int, pa.Table], meta: dict[int, dict[str, Any]]) -> pd.DataFrame:
+    """Every rank's samples as one frame, times on rank 0's clock."""
+    params = {r: clock_params(m) for r, m in meta.items() if r in samples}
+    if not params:
+        params = {0: clock_params({})}
+    return table_frame(TABLES["samples"], sorted(samples.items()), params)
 
 
 def steps_only(steps: pd.DataFrame, meta: dict[int, dict[str, Any]]) -> RunData:
@@ -85,11 +76,7 @@ def empty() -> RunData:
     run = combine([summarize_frames(meta, {}, [])])
     run = replace(run, ranks=[], meta={})
     params = {0: clock_params(meta)}
-    return RunData(
-        run=run,
-        spans=table_frame(TABLES["spans"], [], params),
-        samples=table_frame(TABLES["samples"], [], params),
-    )
+    return RunData(run=run, samples=table_frame(TABLES["samples"], [], params))
 
 
 def prefix(data: RunData, last_step: int) -> RunData:
@@ -99,7 +86,8 @@ def prefix(data: RunData, last_step: int) -> RunData:
         return df if df.empty or "step" not in df else df[df["step"] <= last_step]
 
     run = data.run
-    spans = upto(data.spans)
+    held = data.rows.spans_held
+    spans = upto(held if held is not None else data.rows.all_spans())
     last = spans.sort_values("end_ns", kind="stable").groupby("rank").tail(1)
     cut = replace(
         run,
@@ -115,4 +103,5 @@ def prefix(data: RunData, last_step: int) -> RunData:
         inflight=run.inflight.iloc[:0],
         last_span=last[["rank", "step", "name", "kind", "end_ns"]].reset_index(drop=True),
     )
-    return RunData(run=cut, spans=spans, samples=upto(data.samples))
+    rows = replace(data.rows, last_step=last_step, spans_held=spans)
+    return RunData(run=cut, samples=upto(data.samples), rows=rows)

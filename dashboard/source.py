@@ -8,19 +8,23 @@ of a large trace is still being read.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-import pyarrow as pa
-
-from dashboard.rundata import RunData, assemble, empty, steps_only, summarize
+from dashboard.held import Held, extend, fresh, moved_clock, rebase
+from dashboard.measures import precompute
+from dashboard.rows import RowCache, Rows
+from dashboard.rundata import RunData, empty, samples_frame, steps_only
+from dtprof.analysis import map_ranks
 from dtprof.analysis.checks import CHECKS
 from dtprof.analysis.report import Finding
-from dtprof.analysis.summarize import RankSummary, RunSummary
+from dtprof.analysis.summarize import RunSummary, combine
 from dtprof.errors import DtprofError
 from dtprof.trace.follow import Delta, TraceFollower
 
@@ -58,23 +62,35 @@ def run_checks(run: RunSummary) -> tuple[list[Finding], list[str]]:
     return findings, failed
 
 
+def release_memory() -> None:
+    """Give the C heap's freed pages back to the system (glibc keeps them otherwise, and the
+    many small per-rank arrays just dropped would stay counted in the process's memory)."""
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to give back
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
 def empty_snapshot(mode: str, status: str) -> Snapshot:
     data = empty()
     return Snapshot(version=0, data=data, findings=[], mode=mode, status=status, complete=False)
 
 
 class LiveSource:
-    """A trace that may still grow: polled every ``poll_s`` seconds by a daemon thread."""
+    """A trace that may still grow: polled every ``poll_s`` seconds by a daemon thread.
+
+    It keeps each rank's summary and samples (dashboard.held), not its rows: the first full
+    read summarizes every rank in worker processes (from 32 ranks, as ``dtprof analyze``
+    does), later polls summarize each rank's new rows alone and append them.
+    """
 
     mode = "live"
 
     def __init__(self, path: str | os.PathLike[str], poll_s: float = 1.5) -> None:
         self.follower = TraceFollower(path)
         self.poll_s = poll_s
-        self.tables: dict[int, dict[str, pa.Table]] = {}  # every rank's rows, as read
         self.meta: dict[int, dict[str, Any]] = {}
         self.inflight: dict[int, list[dict[str, Any]]] = {}
-        self.summaries: dict[int, RankSummary] = {}
+        self.held: dict[int, Held] = {}
+        self.cache = RowCache()  # spans windows read for the Timeline, across snapshots
         self.loaded = False  # every table read at least once
         self._snapshot = empty_snapshot(self.mode, "reading the trace...")
         self._thread: threading.Thread | None = None
@@ -86,23 +102,28 @@ class LiveSource:
     def refresh(self) -> bool:
         """Poll once; True when a new snapshot was made."""
         started = time.monotonic()
-        first = not self._snapshot.version
-        delta = self.follower.poll(FIRST_TABLES if first else None)
-        if delta.empty and self.loaded:
-            return False
-        self._merge(delta)
-        if first:
+        findings: list[Finding] = []
+        failed: list[str] = []
+        if not self._snapshot.version:
+            delta = self.follower.poll(FIRST_TABLES)
+            self._merge_meta(delta)
             data = steps_only(delta.frame("steps", self.meta), dict(self.meta))
-            findings: list[Finding] = []
-            failed: list[str] = []
         else:
-            moved = set(delta.tables) | set(delta.meta) | set(delta.inflight)
-            if not self.loaded:
-                moved = set(self.meta)
-            self._summarize(moved)
-            self.loaded = True
-            data = assemble(self.summaries, self.tables, self.meta)
-            findings, failed = run_checks(data.run)
+            if self.loaded:
+                delta = self.follower.poll()
+                if delta.empty:
+                    return False
+                self._extend(delta)
+            else:
+                self._merge_meta(self.follower.poll(()))  # meta and inflight, no rows
+                self._load(sorted(self.meta))
+                self.loaded = True
+            run = combine([h.summary for _, h in sorted(self.held.items())])
+            self.held = rebase(self.held, run)  # each rank's rows once: views of the run's
+            release_memory()
+            data = RunData(run=run, samples=self._samples(), rows=self._rows())
+            findings, failed = run_checks(run)
+            precompute(data)
         took = time.monotonic() - started
         self._snapshot = Snapshot(
             version=self._snapshot.version + 1,
@@ -114,22 +135,60 @@ class LiveSource:
         )
         return True
 
-    def _merge(self, delta: Delta) -> None:
+    def _merge_meta(self, delta: Delta) -> dict[int, dict[str, Any]]:
+        """Take the new meta.json and inflight.json of a poll; the metas they replace."""
+        before = {r: self.meta[r] for r in delta.meta if r in self.meta}
         self.meta.update(delta.meta)
         self.inflight.update(delta.inflight)
-        for rank, new in delta.tables.items():
-            held = self.tables.setdefault(rank, {})
-            for name, rows in new.items():
-                held[name] = pa.concat_tables([held[name], rows]) if name in held else rows
+        return before
 
-    def _summarize(self, ranks: set[int]) -> None:
-        def one(rank: int) -> RankSummary:
-            tables = self.tables.get(rank, {})
-            return summarize(rank, self.meta[rank], tables, self.inflight.get(rank, []))
+    def _load(self, ranks: list[int]) -> None:
+        """Summarize these ranks from the start of their folders (the follower's cursors moved
+        to the end of what was read, so nothing is read twice after)."""
+        jobs = [
+            (r, str(self.follower.ranks[r].folder), self.meta[r], self.inflight.get(r, []))
+            for r in ranks
+        ]
+        for (rank, *_), (held, cursors, nbytes) in zip(jobs, map_ranks(fresh, jobs), strict=True):
+            self.follower.adopt(rank, cursors, nbytes)
+            old = self.held.get(rank)
+            self.held[rank] = replace(held, version=old.version + 1) if old else held
 
-        todo = sorted(r for r in ranks if r in self.meta)
+    def _extend(self, delta: Delta) -> None:
+        before = self._merge_meta(delta)
+        again = [
+            r
+            for r in self.meta
+            if r not in self.held
+            or (r in before and moved_clock(before[r], self.meta[r]))
+            or (self.held[r].kernels and r in delta.tables)
+        ]
+        moved = (set(delta.tables) | set(delta.inflight) | set(delta.meta)) - set(again)
+
+        def one(rank: int) -> Held:
+            return extend(
+                self.held[rank],
+                self.meta[rank],
+                delta.tables.get(rank, {}),
+                delta.inflight.get(rank),
+            )
+
+        todo = sorted(moved)
         with ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 2) * 2)) as pool:
-            self.summaries.update(zip(todo, pool.map(one, todo), strict=True))
+            self.held.update(zip(todo, pool.map(one, todo), strict=True))
+        if again:
+            self._load(sorted(again))
+
+    def _samples(self) -> Any:
+        return samples_frame({r: h.samples for r, h in self.held.items()}, self.meta)
+
+    def _rows(self) -> Rows:
+        return Rows(
+            folders={r: s.folder for r, s in self.follower.ranks.items() if r in self.held},
+            meta=dict(self.meta),
+            versions={r: h.version for r, h in self.held.items()},
+            cache=self.cache,
+        )
 
     def _status(self, data: RunData, took: float, complete: bool, failed: list[str]) -> str:
         statuses = {str(m.get("status")) for m in self.meta.values()}

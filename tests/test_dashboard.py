@@ -154,11 +154,11 @@ def test_timeline_caps_what_it_ships() -> None:
 
 def test_communication_of_poor_overlap_is_exposed() -> None:
     snap = snapshot("poor-overlap")
-    per = communication.overlap(snap.data.run, None)
+    per = communication.overlap(snap.data, None)
     assert (per["exposed_fraction"] > 0.25).all()
     figs = communication.update(snap, None, None)
     assert len(figs) == 3 and all(_traces(f) for f in figs)
-    ops = communication.ops(snap.data.run)
+    ops = communication.ops(snap.data)
     assert "all_reduce" in set(ops["op"]) and (ops["gbps"] > 0).all()
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 import pandas as pd
@@ -12,22 +11,23 @@ from dash import Dash, Input, Output, html
 from dashboard import figures, measures
 from dashboard.components import graph, note, window_controls
 from dashboard.links import parse_ranks, parse_steps
-from dashboard.shape import MAX_POINTS, MAX_RANK_BINS, rank_bins, window
+from dashboard.rundata import RunData
+from dashboard.shape import MAX_POINTS, MAX_RANK_BINS, only_ranks, rank_bins, window
 from dashboard.source import Snapshot
-from dtprof.analysis.summarize import RunSummary
 
 PATH = "/communication"
 TITLE = "Communication"
 
 
-def overlap(run: RunSummary, ranks: list[int] | None) -> pd.DataFrame:
+Window = tuple[int | None, int | None]
+
+
+def overlap(data: RunData, ranks: list[int] | None, steps: Window = (None, None)) -> pd.DataFrame:
     """label, overlap_fraction, exposed_fraction per rank (ranks binned by the mean)."""
-    exp = measures.exposed(measures.transfers(run), run.phases)
-    per = exp.groupby("rank")[["comm_ns", "overlap_ns"]].sum()
-    per["step_ns"] = run.steps.groupby("rank")["step_ns"].sum()
-    if ranks is not None:
-        per = per[per.index.isin(ranks)]
-    per["overlap_fraction"] = per["overlap_ns"] / per["comm_ns"].where(per["comm_ns"] > 0)
+    per = only_ranks(window(measures.rank_steps(data), steps), ranks)
+    per = per.groupby("rank")[["comm_ns", "overlap_ns", "step_ns"]].sum()
+    per = per[per["comm_ns"] > 0]
+    per["overlap_fraction"] = per["overlap_ns"] / per["comm_ns"]
     per["exposed_fraction"] = (per["comm_ns"] - per["overlap_ns"]) / per["step_ns"]
     per = per.reset_index()
     per["label"] = rank_bins(per["rank"], MAX_RANK_BINS)
@@ -38,9 +38,9 @@ def overlap(run: RunSummary, ranks: list[int] | None) -> pd.DataFrame:
     )
 
 
-def skew(run: RunSummary, max_points: int = MAX_POINTS) -> pd.DataFrame:
+def skew(data: RunData, steps: Window = (None, None), max_points: int = MAX_POINTS) -> pd.DataFrame:
     """step, frac (position inside the step), skew_ms, op, hover: the largest skews kept."""
-    s = measures.arrival_skew(run)
+    s = window(measures.arrival_skew(data), steps).copy()
     if s.empty:
         return s.assign(frac=[], skew_ms=[], hover=[])
     s["frac"] = s.groupby("step").cumcount() / s.groupby("step")["seq"].transform("size")
@@ -63,15 +63,15 @@ def skew(run: RunSummary, max_points: int = MAX_POINTS) -> pd.DataFrame:
     return s
 
 
-def ops(run: RunSummary) -> pd.DataFrame:
+def ops(data: RunData, steps: Window = (None, None)) -> pd.DataFrame:
     """op, mib_per_step (per rank), gbps, hover."""
-    o = measures.per_op(run)
-    rank_steps = max(len(run.steps), 1)
+    o = measures.per_op(data, steps)
+    rank_steps = max(len(window(data.run.steps, steps)), 1)
     o["mib_per_step"] = o["bytes"] / rank_steps / 2**20
     o["hover"] = (
-        o["op"]
+        o["op"].astype(str)
         + ": "
-        + o["calls"].astype(str)
+        + o["calls"].astype(int).astype(str)
         + " calls, median transfer "
         + (o["transfer_ns"] / 1e6).round(3).astype(str)
         + " ms, "
@@ -82,27 +82,18 @@ def ops(run: RunSummary) -> pd.DataFrame:
 
 
 def update(snap: Snapshot, ranks_text: str | None, steps_text: str | None) -> list[go.Figure]:
-    run = snap.data.run
-    if run.collectives.empty:
+    data = snap.data
+    if data.run.collectives.empty:
         msg = figures.empty("No collective recorded in this window.")
         return [msg, msg, msg]
     steps = parse_steps(steps_text)
-    cut = replace(
-        run,
-        steps=window(run.steps, steps),
-        phases=window(run.phases, steps),
-        collectives=window(run.collectives, steps),
-    )
-    per = overlap(cut, parse_ranks(ranks_text))
-    s = skew(cut)
-    o = ops(cut)
+    per = overlap(data, parse_ranks(ranks_text), steps)
+    s = skew(data, steps)
+    o = ops(data, steps)
+    unmatched = "No collective matched on every member."
     return [
-        figures.overlap_bars(per)
-        if not per.empty
-        else figures.empty("No collective matched on every member."),
-        figures.arrival_skew(s)
-        if not s.empty
-        else figures.empty("No collective matched on every member."),
+        figures.overlap_bars(per) if not per.empty else figures.empty(unmatched),
+        figures.arrival_skew(s) if not s.empty else figures.empty(unmatched),
         figures.op_bandwidth(o),
     ]
 

@@ -9,7 +9,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from dash import Dash, Input, Output, dcc, html
 
-from dashboard import figures
+from dashboard import figures, heatmaps
 from dashboard.components import graph, note, window_controls
 from dashboard.links import parse_ranks, parse_steps
 from dashboard.rundata import RunData
@@ -81,7 +81,7 @@ def update(
             "No parameter fingerprints (profile(fingerprint_every=N) records them)."
         )
     else:
-        fp_fig = figures.odd_grid(
+        fp_fig = heatmaps.odd_grid(
             grid(fp, max_steps=200), "Parameter fingerprints: tensors differing from the majority"
         )
     return [scalar_fig, fp_fig]

@@ -10,6 +10,7 @@ from dash import Dash, Input, Output, dcc, html
 
 from dashboard import figures
 from dashboard.components import graph, note, window_controls
+from dashboard.held import NVML_PREFIX
 from dashboard.links import parse_ranks, parse_steps
 from dashboard.rundata import RunData
 from dashboard.shape import band, only_ranks, window
@@ -17,7 +18,6 @@ from dashboard.source import Snapshot
 
 PATH = "/memory"
 TITLE = "Memory & GPU"
-NVML_PREFIX = "gpu_"
 
 
 def memory_metrics(data: RunData) -> list[str]:

@@ -9,7 +9,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from dash import Dash, Input, Output, dcc, html
 
-from dashboard import figures
+from dashboard import figures, timecharts
 from dashboard.components import graph, note, text_input
 from dashboard.rundata import RunData
 from dashboard.shape import MAX_RANK_BINS, rank_bins
@@ -115,7 +115,7 @@ def update(snap: Snapshot, step_text: str | None) -> list[go.Figure]:
         step = int(steps[len(steps) // 2])
     acts, idle, ranks = step_chart(data, step)
     chart = (
-        figures.pipeline_chart(acts, idle, ranks)
+        timecharts.pipeline_chart(acts, idle, ranks)
         if not acts.empty
         else figures.empty(f"No action in step {step}.")
     )

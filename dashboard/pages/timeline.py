@@ -12,7 +12,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from dash import Dash, Input, Output, html
 
-from dashboard import figures
+from dashboard import figures, timecharts
 from dashboard.components import graph, note, window_controls
 from dashboard.links import format_ranks, format_steps, parse_ranks, parse_steps
 from dashboard.rundata import RunData
@@ -37,7 +37,7 @@ def bars(
     """Bars (y, name, color, start_ms, end_ms, width, hover) and collective links (key, y,
     t_ms, is_last, hover), times in ms from the window's first step start; and that start."""
     row = {r: i for i, r in enumerate(ranks)}
-    spans = only_ranks(window(data.spans, steps), ranks)
+    spans = data.rows.spans(ranks, steps)
     coll_all = _plain(window(data.run.collectives, steps))
     coll = only_ranks(coll_all, ranks)
     in_steps = only_ranks(window(data.steps, steps), ranks)
@@ -130,7 +130,7 @@ def update(snap: Snapshot, ranks_text: str | None, steps_text: str | None) -> go
     frame, links, _t0 = bars(data, ranks, steps)
     if frame.empty:
         return figures.empty("Nothing recorded in this window.")
-    return figures.gantt(frame, links, ranks)
+    return timecharts.gantt(frame, links, ranks)
 
 
 def layout(snap: Snapshot, q: dict[str, str]) -> html.Div:

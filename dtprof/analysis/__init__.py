@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pandas as pd
 
@@ -20,6 +21,7 @@ from dtprof.errors import DtprofError
 from dtprof.trace.reader import find_rank_dirs
 
 __all__ = ["Finding", "Report", "analyze"]
+T = TypeVar("T")
 
 
 def analyze(
@@ -77,6 +79,12 @@ PROGRESS_AFTER_S = 1.0  # loading that takes longer shows its progress on stderr
 
 def _summarize(folders: list[Path], progress: bool) -> list[RankSummary]:
     """summarize_rank on every rank folder: in threads for a few, in processes for many."""
+    return map_ranks(summarize_rank, folders, progress)
+
+
+def map_ranks(fn: Callable[[Any], T], folders: list[Any], progress: bool = False) -> list[T]:
+    """fn on each rank's item (a folder, or what fn takes), in order: in threads for a few
+    ranks, in processes for many (fn must then be a module-level function)."""
     cpus = os.cpu_count() or 1
     pool: Executor
     if len(folders) >= PROCESSES_FROM and cpus > 1:
@@ -86,7 +94,7 @@ def _summarize(folders: list[Path], progress: bool) -> list[RankSummary]:
     started = time.monotonic()
     summaries = []
     with pool:
-        for i, summary in enumerate(pool.map(summarize_rank, folders, chunksize=chunk), 1):
+        for i, summary in enumerate(pool.map(fn, folders, chunksize=chunk), 1):
             summaries.append(summary)
             late = time.monotonic() - started > PROGRESS_AFTER_S
             if progress and late and (i % 64 == 0 or i == len(folders)):

@@ -18,14 +18,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from dtprof.errors import DtprofError
 from dtprof.trace.reader import (
-    _conform,
     clock_params,
+    conform_table,
     find_rank_dirs,
     read_inflight,
     read_rank_meta,
@@ -100,12 +102,13 @@ class TraceFollower:
         names = list(TABLES) if tables is None else list(tables)
         ranks = sorted(self.ranks.items())
 
-        def read_rank(state: RankState) -> dict[str, pa.Table]:
-            new = {name: self._read_new(state, TABLES[name]) for name in names}
-            return {name: t for name, t in new.items() if t.num_rows}
+        def read_one(state: RankState) -> dict[str, pa.Table]:
+            got, state.cursors, nbytes = read_rank(state.folder, names, state.cursors)
+            self._count(nbytes)
+            return got
 
         with ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 2) * 2)) as pool:
-            got = list(pool.map(read_rank, [s for _, s in ranks]))
+            got = list(pool.map(read_one, [s for _, s in ranks]))
         new = {r: t for (r, _), t in zip(ranks, got, strict=True) if t}
         inflight = {r: s.inflight for r, s in ranks if self._refresh_inflight(s)}
         return Delta(tables=new, meta=metas, inflight=inflight)
@@ -138,59 +141,138 @@ class TraceFollower:
         state.inflight = read_inflight(state.folder) if mtime >= 0 else []
         return True
 
-    def _read_new(self, state: RankState, table: Table) -> pa.Table:
-        folder = state.folder / table.name
-        cursor = state.cursors[table.name]
-        try:
-            names = os.listdir(folder)
-        except FileNotFoundError:
-            return table.schema.empty_table()
-        sealed = _numbers(names, SEALED_PREFIX, ".parquet")
-        live = _numbers(names, LIVE_PREFIX, ".arrows")
-        pieces: list[pa.Table] = []
-        while True:
-            number = cursor.segment
-            part = folder / f"{SEALED_PREFIX}{number:06d}.parquet"
-            stream = folder / f"{LIVE_PREFIX}{number:06d}.arrows"
-            if number in sealed or (number in live and not stream.exists() and part.exists()):
-                data = _read_part(part, table)
-                self._count(part.stat().st_size)
-                pieces.append(data.slice(cursor.rows))
-                state.cursors[table.name] = cursor = Cursor(segment=number + 1)
-                continue
-            if number not in live:
-                break
-            pieces.append(self._read_stream(stream, table, cursor))
-            if not any(n > number for n in sealed | live):
-                break  # the open segment: it may grow, read on from here next time
-            state.cursors[table.name] = cursor = Cursor(segment=number + 1)
-        pieces = [p for p in pieces if p.num_rows]
-        return pa.concat_tables(pieces) if pieces else table.schema.empty_table()
+    def adopt(self, rank: int, cursors: dict[str, Cursor], nbytes: int = 0) -> None:
+        """Take the cursors of a read made elsewhere (read_rank in a worker) for ``rank``."""
+        self.ranks[rank].cursors = cursors
+        self._count(nbytes)
 
     def _count(self, nbytes: int) -> None:
         with self._lock:
             self.bytes_read += nbytes
 
-    def _read_stream(self, path: Path, table: Table, cursor: Cursor) -> pa.Table:
-        """Whole record batches after ``cursor.offset``; advances the cursor past them."""
-        batches = []
-        try:
-            with pa.OSFile(str(path), "rb") as source:
-                if cursor.schema is None:
-                    cursor.schema = pa.ipc.read_schema(pa.ipc.read_message(source))
-                    cursor.offset = source.tell()
-                source.seek(cursor.offset)
-                while True:
-                    message = pa.ipc.read_message(source)
-                    batches.append(pa.ipc.read_record_batch(message, cursor.schema))
-                    self._count(source.tell() - cursor.offset)
-                    cursor.offset = source.tell()
-        except (EOFError, OSError, pa.ArrowException):
-            pass  # the end so far, a batch still being written, or a stream sealed meanwhile
-        cursor.rows += sum(b.num_rows for b in batches)
-        if not batches or cursor.schema is None:
-            return table.schema.empty_table()
-        return _conform(path, pa.Table.from_batches(batches, schema=cursor.schema), table)
+
+def read_rank(
+    folder: Path, names: Iterable[str] | None = None, cursors: dict[str, Cursor] | None = None
+) -> tuple[dict[str, pa.Table], dict[str, Cursor], int]:
+    """One rank's rows after ``cursors`` (all rows when None): the non-empty tables, the
+    cursors after them and the bytes read. A pure function, for threads and worker processes."""
+    moved = {n: Cursor() for n in TABLES} if cursors is None else dict(cursors)
+    tables, nbytes = {}, 0
+    for name in TABLES if names is None else names:
+        rows, moved[name], n = read_new(folder, TABLES[name], moved[name])
+        nbytes += n
+        if rows.num_rows:
+            tables[name] = rows
+    return tables, moved, nbytes
+
+
+def read_new(folder: Path, table: Table, cursor: Cursor) -> tuple[pa.Table, Cursor, int]:
+    """One table's rows after ``cursor`` (a rank folder's): rows, the cursor after, bytes read."""
+    tdir = folder / table.name
+    try:
+        names = os.listdir(tdir)
+    except FileNotFoundError:
+        return table.schema.empty_table(), cursor, 0
+    sealed = _numbers(names, SEALED_PREFIX, ".parquet")
+    live = _numbers(names, LIVE_PREFIX, ".arrows")
+    pieces: list[pa.Table] = []
+    nbytes = 0
+    while True:
+        number = cursor.segment
+        part = tdir / f"{SEALED_PREFIX}{number:06d}.parquet"
+        stream = tdir / f"{LIVE_PREFIX}{number:06d}.arrows"
+        if number in sealed or (number in live and not stream.exists() and part.exists()):
+            pieces.append(_read_part(part, table).slice(cursor.rows))
+            nbytes += part.stat().st_size
+            cursor = Cursor(segment=number + 1)
+            continue
+        if number not in live:
+            break
+        cursor = Cursor(cursor.segment, cursor.rows, cursor.offset, cursor.schema)
+        rows, n = _read_stream(stream, table, cursor)
+        pieces.append(rows)
+        nbytes += n
+        if not any(k > number for k in sealed | live):
+            break  # the open segment: it may grow, read on from here next time
+        cursor = Cursor(segment=number + 1)
+    pieces = [p for p in pieces if p.num_rows]
+    return (pa.concat_tables(pieces) if pieces else table.schema.empty_table()), cursor, nbytes
+
+
+def read_window(folder: Path, table: Table, first: int | None, last: int | None) -> pa.Table:
+    """One table's rows with first <= step < last (either end open), as on disk.
+
+    Row groups of sealed parts whose step statistics miss the window are not read; live
+    streams are read whole and filtered."""
+    tdir = folder / table.name
+    try:
+        names = os.listdir(tdir)
+    except FileNotFoundError:
+        return table.schema.empty_table()
+    sealed = _numbers(names, SEALED_PREFIX, ".parquet")
+    live = _numbers(names, LIVE_PREFIX, ".arrows")
+    pieces = []
+    for number in sorted(sealed | live):
+        part = tdir / f"{SEALED_PREFIX}{number:06d}.parquet"
+        rows = None
+        if number not in sealed:
+            rows, _ = _read_stream(tdir / f"{LIVE_PREFIX}{number:06d}.arrows", table, Cursor())
+        if rows is None or (not rows.num_rows and part.exists()):  # sealed meanwhile
+            rows = _read_groups(part, table, first, last) if part.exists() else None
+        if rows is not None and rows.num_rows:
+            pieces.append(rows)
+    if not pieces:
+        return table.schema.empty_table()
+    data = pa.concat_tables(pieces)
+    step = data.column("step")
+    keep = pc.and_(
+        pc.greater_equal(step, first if first is not None else np.iinfo(np.int64).min),
+        pc.less(step, last if last is not None else np.iinfo(np.int64).max),
+    )
+    return data.filter(keep)
+
+
+def _read_groups(path: Path, table: Table, first: int | None, last: int | None) -> pa.Table:
+    """The row groups of a sealed part whose step range meets [first, last)."""
+    try:
+        file = pq.ParquetFile(path)
+        index = file.schema_arrow.get_field_index("step")
+        wanted = []
+        for i in range(file.metadata.num_row_groups):
+            stats = file.metadata.row_group(i).column(index).statistics if index >= 0 else None
+            if stats is not None and stats.has_min_max:
+                before = last is not None and stats.min >= last
+                if before or (first is not None and stats.max < first):
+                    continue  # no row of this group is in the window
+            wanted.append(i)
+        data = file.read_row_groups(wanted, use_threads=False)
+    except (OSError, pa.ArrowException) as exc:
+        raise DtprofError(f"{path}: not a readable Parquet file ({exc})") from None
+    return conform_table(path, data, table)
+
+
+def _read_stream(path: Path, table: Table, cursor: Cursor) -> tuple[pa.Table, int]:
+    """Whole record batches after ``cursor.offset`` and the bytes they took; advances the
+    cursor past them."""
+    batches = []
+    began = cursor.offset
+    try:
+        with pa.OSFile(str(path), "rb") as source:
+            if cursor.schema is None:
+                cursor.schema = pa.ipc.read_schema(pa.ipc.read_message(source))
+                cursor.offset = began = source.tell()
+            source.seek(cursor.offset)
+            while True:
+                message = pa.ipc.read_message(source)
+                batches.append(pa.ipc.read_record_batch(message, cursor.schema))
+                cursor.offset = source.tell()
+    except (EOFError, OSError, pa.ArrowException):
+        pass  # the end so far, a batch still being written, or a stream sealed meanwhile
+    cursor.rows += sum(b.num_rows for b in batches)
+    nbytes = cursor.offset - began
+    if not batches or cursor.schema is None:
+        return table.schema.empty_table(), nbytes
+    return conform_table(path, pa.Table.from_batches(batches, schema=cursor.schema), table), nbytes
 
 
 def _read_part(path: Path, table: Table) -> pa.Table:
@@ -199,7 +281,7 @@ def _read_part(path: Path, table: Table) -> pa.Table:
         data = pq.ParquetFile(path).read(use_threads=False)
     except (OSError, pa.ArrowException) as exc:
         raise DtprofError(f"{path}: not a readable Parquet file ({exc})") from None
-    return _conform(path, data, table)
+    return conform_table(path, data, table)
 
 
 def _numbers(names: list[str], prefix: str, suffix: str) -> set[int]:

@@ -190,10 +190,13 @@ def _segment_number(path: str, name: str, prefix: str) -> int:
 
 def _read_parquet(path: Path, table: Table) -> pa.Table:
     try:
-        data = pq.read_table(path)
+        # ParquetFile.read skips the dataset layer of read_table: a few times faster on the
+        # small parts a trace is made of
+        with pq.ParquetFile(path) as part:
+            data = part.read()
     except (OSError, pa.ArrowException) as exc:
         raise DtprofError(f"{path}: not a readable Parquet file ({exc})") from None
-    return _conform(path, data, table)
+    return conform_table(path, data, table)
 
 
 def _read_stream(path: Path, table: Table) -> pa.Table | None:
@@ -215,10 +218,11 @@ def _read_stream(path: Path, table: Table) -> pa.Table | None:
         return None
     except (OSError, pa.ArrowException):
         return table.schema.empty_table()  # killed before the stream's schema was written
-    return _conform(path, pa.Table.from_batches(batches, schema=table.schema), table)
+    return conform_table(path, pa.Table.from_batches(batches, schema=table.schema), table)
 
 
-def _conform(path: Path, data: pa.Table, table: Table) -> pa.Table:
+def conform_table(path: Path, data: pa.Table, table: Table) -> pa.Table:
+    """``data`` as ``table`` declares it (its columns, in order, cast); a mismatch names path."""
     missing = [c for c in table.column_names if c not in data.column_names]
     if missing:
         raise DtprofError(f"{path}: table {table.name} lacks column(s) {', '.join(missing)}")
