@@ -75,11 +75,15 @@ def match(collectives: pd.DataFrame, sizes: pd.DataFrame, world_size: int) -> li
         "op": op_codes,
     }
     out = []
-    for code in np.unique(group_codes[keep]):
+    # bincounts instead of np.unique: codes and ranks are small non-negative ints, and a sort
+    # of every record costs seconds at a thousand ranks
+    for code in np.flatnonzero(np.bincount(group_codes[keep & (group_codes >= 0)])):
         pick = keep & (group_codes == code)
         c = {k: v if pick.all() else v[pick] for k, v in columns.items()}
-        members = np.unique(c["rank"])
-        col = np.searchsorted(members, c["rank"])
+        members = np.flatnonzero(np.bincount(c["rank"]))
+        position = np.zeros(int(members[-1]) + 1, np.int64)
+        position[members] = np.arange(len(members))
+        col = position[c["rank"]]
         first = int(c["seq"].min())
         seqs = None
         if int(c["seq"].max()) - first >= SPARSE_FROM * len(c["seq"]) + 1024:
@@ -101,14 +105,16 @@ def match(collectives: pd.DataFrame, sizes: pd.DataFrame, world_size: int) -> li
         differ = np.bincount(row, weights=c["kind"] != ref[row], minlength=n) > 0
         op = np.zeros(n, op_codes.dtype)
         op[row] = c["op"]
-        rows = np.flatnonzero(np.bincount(row, minlength=n) > 0)
+        seen = np.flatnonzero(np.bincount(row, minlength=n) > 0)
+        # every row seen (the usual case): no copy of the matrices
+        rows: np.ndarray | slice = slice(None) if len(seen) == n else seen
         name = str(group_names[code])
         out.append(
             GroupMatrix(
                 group=name,
                 size=int(size_of.get(name, world_size)),
                 ranks=members,
-                seq=rows + first if seqs is None else seqs[rows],
+                seq=np.arange(first, first + n)[rows] if seqs is None else seqs[rows],
                 step=step[rows],
                 start=start[rows],
                 end=end[rows],
