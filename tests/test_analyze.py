@@ -354,6 +354,44 @@ def test_a_window_inside_the_warm_up_gives_no_pipeline_finding() -> None:
     assert analyze(SAMPLES / "pipeline-gpipe", steps=(0, 2)).findings == []
 
 
+def test_vectorized_overlap_equals_the_per_rank_sweep(tmp_path: Path) -> None:
+    from dtprof.analysis import _summarize
+    from dtprof.analysis.checks import poor_overlap
+    from dtprof.analysis.summarize import combine
+    from dtprof.trace.reader import find_rank_dirs
+
+    # ranks 0-3 all-reduce on the world group, ranks 2 and 3 also on a pair group: ranks 0 and
+    # 1 take the vectorized path, 2 and 3 (in two groups) the sweep
+    for rank in range(4):
+        rows: dict[str, list[tuple]] = {"steps": [], "spans": [], "collectives": []}
+        rows["groups"] = [("0", "gloo", [0, 1, 2, 3])] + (
+            [("1", "gloo", [2, 3])] if rank >= 2 else []
+        )
+        for step in range(12):
+            t0 = step * 40 * MS
+            rows["steps"].append((step, t0, t0 + 40 * MS))
+            rows["spans"] += [
+                (step, "forward", "phase", t0, t0 + (10 + rank) * MS, 0, None, None),
+                (step, "backward", "phase", t0 + 12 * MS, t0 + 30 * MS, 0, None, None),
+            ]
+            enter, done = t0 + (14 + rank) * MS, t0 + 34 * MS
+            rows["collectives"].append(
+                (step, "0", step, "all_reduce", 64, "float32", None, enter, done, True, None)
+            )
+            if rank >= 2:
+                rows["collectives"].append(
+                    (step, "1", step, "all_reduce", 64, "float32", None, enter - 9 * MS,
+                     enter - 2 * MS, True, None)
+                )  # fmt: skip
+        write_rank(tmp_path, rank_meta(rank, 4), rows)
+    run = combine(_summarize([d for _, d in find_rank_dirs(tmp_path)], False))
+    compute = run.phases[run.phases["step"] >= 2]
+    fast = poor_overlap.comm_overlap(run, 2, compute).sort_index()
+    sweep = poor_overlap.overlap_per_rank(poor_overlap.transfer_intervals(run, 2), compute)
+    assert fast.to_dict() == sweep.sort_index().to_dict()
+    assert (fast["overlap_ns"] > 0).all() and (fast["overlap_ns"] < fast["comm_ns"]).all()
+
+
 def test_steps_and_ranks_windows(tmp_path: Path) -> None:
     _ddp_like(tmp_path, {0: 20.0, 1: 26.0, 2: 20.0})
     assert analyze(tmp_path, steps=(0, 4)).findings == []  # too few steps to judge

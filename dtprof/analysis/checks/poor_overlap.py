@@ -77,15 +77,90 @@ def overlap_per_rank(comm: dict[int, list[np.ndarray]], compute: pd.DataFrame) -
     return pd.DataFrame.from_dict(rows, orient="index", columns=["comm_ns", "overlap_ns"])
 
 
+RANKS_PER_BLOCK = 128  # matrix columns swept at once: bounds the temporaries' memory
+
+
+def merged_compute(compute: pd.DataFrame) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Per rank, its compute spans merged into sorted disjoint [start, end), with the compute
+    time before each one (prefix sums): what compute_before needs."""
+    df = compute.sort_values(["rank", "start_ns"], kind="stable")
+    ranks = df["rank"].to_numpy()
+    starts, ends = df["start_ns"].to_numpy(np.int64), df["end_ns"].to_numpy(np.int64)
+    out: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+    if not len(ranks):
+        return out
+    cuts = np.flatnonzero(np.diff(ranks)) + 1
+    for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, len(ranks)], strict=True):
+        s, e = starts[lo:hi], ends[lo:hi]
+        reach = np.maximum.accumulate(e)
+        first = np.flatnonzero(np.r_[True, s[1:] > reach[:-1]])
+        ms, me = s[first], np.maximum.reduceat(reach, first)
+        out[int(ranks[lo])] = (ms, me, np.r_[0, np.cumsum(me - ms)])
+    return out
+
+
+def compute_before(merged: tuple[np.ndarray, np.ndarray, np.ndarray], t: np.ndarray) -> np.ndarray:
+    """ns of compute before each time t, from merged_compute's arrays."""
+    ms, me, prefix = merged
+    j = np.searchsorted(ms, t, side="right")
+    last_end = me[np.maximum(j - 1, 0)]
+    return prefix[j] - np.where(j > 0, np.maximum(last_end - t, 0), 0)
+
+
+def comm_overlap(run: RunSummary, first_step: int, compute: pd.DataFrame) -> pd.DataFrame:
+    """Per rank: communication ns (the union of its transfers) and the ns of it during compute.
+
+    Vectorized over the ranks of a group: a transfer starts when the group's last member
+    entered, the same moment for every member, so the rows are sorted once and each member's
+    union is a running maximum down its column; the compute under each union piece is a
+    difference of compute_before. A rank in several groups is swept on its own.
+    """
+    unions = merged_compute(compute)
+    groups = [g for g in run.matched if (g.complete & (g.step >= first_step)).any()]
+    members = np.concatenate([g.ranks for g in groups]) if groups else np.zeros(0, np.int64)
+    memberships = pd.Series(members).value_counts()
+    alone = {int(r) for r, n in memberships.items() if n == 1}
+    rows: dict[int, tuple[int, int]] = {}
+    for g in groups:
+        keep = g.complete & (g.step >= first_step)
+        start = g.start.max(axis=1)[keep]
+        order = np.argsort(start, kind="stable")
+        start = start[order]
+        rows_in_order = np.flatnonzero(keep)[order]
+        for lo in range(0, len(g.ranks), RANKS_PER_BLOCK):
+            block = range(lo, min(lo + RANKS_PER_BLOCK, len(g.ranks)))
+            cols = [c for c in block if int(g.ranks[c]) in alone]
+            if not cols:
+                continue
+            end = np.maximum(start[:, None], g.end[np.ix_(rows_in_order, np.array(cols))])
+            reach = np.maximum.accumulate(end, axis=0)
+            # piece i of the union: from where the earlier ones reached (or its start) to its end
+            before = np.vstack([np.full((1, len(cols)), start[0]), reach[:-1]])
+            piece_lo = np.maximum(start[:, None], before)
+            piece_hi = np.maximum(end, piece_lo)
+            for i, c in enumerate(cols):
+                rank = int(g.ranks[c])
+                a, b = piece_lo[:, i], piece_hi[:, i]
+                inside = 0
+                if rank in unions:
+                    under = compute_before(unions[rank], b) - compute_before(unions[rank], a)
+                    inside = int(under.sum())
+                rows[rank] = (int((b - a).sum()), inside)
+    if len(alone) < len(memberships):
+        spread = {r: p for r, p in transfer_intervals(run, first_step).items() if r not in alone}
+        for rank, row in overlap_per_rank(spread, compute).iterrows():
+            rows[int(rank)] = (int(row["comm_ns"]), int(row["overlap_ns"]))
+    return pd.DataFrame.from_dict(rows, orient="index", columns=["comm_ns", "overlap_ns"])
+
+
 def check(run: RunSummary) -> list[Finding]:
     if run.collectives.empty or run.phases.empty or run.steps.empty:
         return []
     skip = warmup_steps(run.steps["step"])
-    comm = transfer_intervals(run, skip)
     compute = run.phases[run.phases["step"] >= skip]
-    if not comm:
+    per = comm_overlap(run, skip, compute)
+    if per.empty:
         return []
-    per = overlap_per_rank(comm, compute)
     step_ns = run.steps[run.steps["step"] >= skip].groupby("rank")["step_ns"].sum()
     per["overlap_fraction"] = per["overlap_ns"] / per["comm_ns"].where(per["comm_ns"] > 0)
     per["exposed_comm_fraction"] = (per["comm_ns"] - per["overlap_ns"]) / step_ns
