@@ -90,16 +90,8 @@ def prefix(data: RunData, last_step: int) -> RunData:
     spans = upto(held if held is not None else data.rows.all_spans())
     last = spans.sort_values("end_ns", kind="stable").groupby("rank").tail(1)
     cut = replace(
-        run,
+        run.steps_between(None, last_step + 1),
         meta={r: {**m, "status": "running"} for r, m in run.meta.items()},
-        steps=upto(run.steps),
-        phases=upto(run.phases),
-        actions=upto(run.actions),
-        collectives=upto(run.collectives),
-        scalars=upto(run.scalars),
-        fingerprints=upto(run.fingerprints),
-        memory=upto(run.memory),
-        events=upto(run.events),
         inflight=run.inflight.iloc[:0],
         last_span=last[["rank", "step", "name", "kind", "end_ns"]].reset_index(drop=True),
     )

@@ -103,36 +103,7 @@ def map_ranks(fn: Callable[[Any], T], folders: list[Any], progress: bool = False
 
 
 def _window(run: RunSummary, steps: tuple[int | None, int | None] | None) -> RunSummary:
-    if steps is None:
-        return run
-    first, last = steps
-
-    def keep(df: pd.DataFrame) -> pd.DataFrame:
-        if df.empty or "step" not in df:
-            return df
-        mask = pd.Series(True, index=df.index)
-        if first is not None:
-            mask &= df["step"] >= first
-        if last is not None:
-            mask &= df["step"] < last
-        return df[mask]
-
-    return RunSummary(
-        ranks=run.ranks,
-        meta=run.meta,
-        steps=keep(run.steps),
-        phases=keep(run.phases),
-        actions=keep(run.actions),
-        collectives=keep(run.collectives),
-        scalars=keep(run.scalars),
-        fingerprints=keep(run.fingerprints),
-        memory=keep(run.memory),
-        events=keep(run.events),
-        inflight=run.inflight,
-        last_span=run.last_span,
-        groups=run.groups,
-        gpu=run.gpu,
-    )
+    return run if steps is None else run.steps_between(*steps)
 
 
 def _trace_info(root: Path, run: RunSummary) -> dict[str, Any]:

@@ -6,7 +6,7 @@ everything after it works on these small tables only.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -181,6 +181,31 @@ class RunSummary:
     def matched(self) -> list[GroupMatrix]:
         """The collectives matched across ranks, per process group (made once, on first use)."""
         return match(self.collectives, self.groups, self.world_size)
+
+    def steps_between(self, first: int | None, last: int | None) -> RunSummary:
+        """The per-step tables cut to first <= step < last (None: open on that side)."""
+
+        def keep(df: pd.DataFrame) -> pd.DataFrame:
+            if df.empty or "step" not in df:
+                return df
+            mask = np.ones(len(df), bool)
+            if first is not None:
+                mask &= (df["step"] >= first).to_numpy()
+            if last is not None:
+                mask &= (df["step"] < last).to_numpy()
+            return df if mask.all() else df[mask]
+
+        return replace(
+            self,
+            steps=keep(self.steps),
+            phases=keep(self.phases),
+            actions=keep(self.actions),
+            collectives=keep(self.collectives),
+            scalars=keep(self.scalars),
+            fingerprints=keep(self.fingerprints),
+            memory=keep(self.memory),
+            events=keep(self.events),
+        )
 
 
 def _concat_column(parts: list[pd.Series]) -> Any:
