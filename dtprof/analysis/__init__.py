@@ -16,7 +16,13 @@ from dtprof.analysis.checks import CHECKS
 from dtprof.analysis.gpu import gpu_summary
 from dtprof.analysis.imported import summarize_imported
 from dtprof.analysis.report import Finding, Report
-from dtprof.analysis.summarize import RankSummary, RunSummary, combine, summarize_rank
+from dtprof.analysis.summarize import (
+    RankSummary,
+    RunSummary,
+    combine,
+    summarize_rank,
+    summarize_ranks,
+)
 from dtprof.errors import DtprofError
 from dtprof.trace.reader import find_rank_dirs
 
@@ -40,8 +46,9 @@ def analyze(
     """
     root = Path(path)
     started = time.monotonic()
-    summaries = summarize_imported(root, progress, scheduler, workers)  # None: a dtprof trace
-    if summaries is None:
+    imported = summarize_imported(root, progress, scheduler, workers)  # None: a dtprof trace
+    summaries: list[RankSummary | RunSummary]
+    if imported is None:
         rank_dirs = find_rank_dirs(root)
         if ranks is not None:
             rank_dirs = [(r, d) for r, d in rank_dirs if r in set(ranks)]
@@ -55,8 +62,8 @@ def analyze(
             )
         else:
             summaries = _summarize(folders, progress) if folders else []
-    elif ranks is not None:
-        summaries = [s for s in summaries if s.rank in set(ranks)]
+    else:
+        summaries = [s for s in imported if ranks is None or s.rank in set(ranks)]
     if not summaries:
         raise DtprofError(f"{root}: none of the ranks {sorted(set(ranks or []))} is in this trace")
     read_s = time.monotonic() - started
@@ -77,14 +84,27 @@ PROCESSES_FROM = 32  # ranks; below that, starting processes costs more than it 
 PROGRESS_AFTER_S = 1.0  # loading that takes longer shows its progress on stderr
 
 
-def _summarize(folders: list[Path], progress: bool) -> list[RankSummary]:
-    """summarize_rank on every rank folder: in threads for a few, in processes for many."""
-    return map_ranks(summarize_rank, folders, progress)
+RANKS_PER_TASK = 16  # with processes: ranks summarized and combined by one task
 
 
-def map_ranks(fn: Callable[[Any], T], folders: list[Any], progress: bool = False) -> list[T]:
+def _summarize(folders: list[Path], progress: bool) -> list[RankSummary | RunSummary]:
+    """summarize_rank on every rank folder: in threads for a few; for many, in processes, a
+    batch of ranks per task combined there."""
+    if len(folders) < PROCESSES_FROM or (os.cpu_count() or 1) < 2:
+        return list(map_ranks(summarize_rank, folders, progress))
+    batches = [folders[i : i + RANKS_PER_TASK] for i in range(0, len(folders), RANKS_PER_TASK)]
+    return list(map_ranks(summarize_ranks, batches, progress, count=len))
+
+
+def map_ranks(
+    fn: Callable[[Any], T],
+    folders: list[Any],
+    progress: bool = False,
+    count: Callable[[Any], int] | None = None,
+) -> list[T]:
     """fn on each rank's item (a folder, or what fn takes), in order: in threads for a few
-    ranks, in processes for many (fn must then be a module-level function)."""
+    ranks, in processes for many (fn must then be a module-level function). ``count`` says
+    how many ranks an item holds (default 1), for the progress line."""
     cpus = os.cpu_count() or 1
     pool: Executor
     if len(folders) >= PROCESSES_FROM and cpus > 1:
@@ -92,13 +112,17 @@ def map_ranks(fn: Callable[[Any], T], folders: list[Any], progress: bool = False
     else:
         pool, chunk = ThreadPoolExecutor(max_workers=min(8, cpus * 2)), 1
     started = time.monotonic()
+    sizes = [count(f) if count else 1 for f in folders]
+    total, done, shown = sum(sizes), 0, 0
     summaries = []
     with pool:
-        for i, summary in enumerate(pool.map(fn, folders, chunksize=chunk), 1):
+        for size, summary in zip(sizes, pool.map(fn, folders, chunksize=chunk), strict=True):
             summaries.append(summary)
+            done += size
             late = time.monotonic() - started > PROGRESS_AFTER_S
-            if progress and late and (i % 64 == 0 or i == len(folders)):
-                print(f"dtprof: read {i}/{len(folders)} ranks", file=sys.stderr, flush=True)
+            if progress and late and (done - shown >= 64 or done == total):
+                print(f"dtprof: read {done}/{total} ranks", file=sys.stderr, flush=True)
+                shown = done
     return summaries
 
 

@@ -6,6 +6,7 @@ everything after it works on these small tables only.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
@@ -236,10 +237,26 @@ def _concat_categorical(parts: list[pd.Series]) -> pd.Categorical:
     return pd.Categorical.from_codes(np.concatenate(codes), categories=list(names))
 
 
-def combine(summaries: list[RankSummary]) -> RunSummary:
-    """Concatenate per-rank summaries (in rank order)."""
-    summaries = sorted(summaries, key=lambda s: s.rank)
-    sizes = {int(s.meta.get("world_size", 0)) for s in summaries}
+def summarize_ranks(folders: Sequence[str | Path]) -> RunSummary:
+    """summarize_rank on a few rank folders, combined: one task for a worker process, so that
+    the concatenation happens in the workers and fewer, larger parts travel back."""
+    return combine([summarize_rank(f) for f in folders])
+
+
+def combine(summaries: Sequence[RankSummary | RunSummary]) -> RunSummary:
+    """Concatenate per-rank summaries, or runs already combined from runs of ranks, in rank
+    order."""
+
+    def ranks_of(s: RankSummary | RunSummary) -> list[int]:
+        return [s.rank] if isinstance(s, RankSummary) else s.ranks
+
+    summaries = sorted(summaries, key=lambda s: min(ranks_of(s), default=-1))
+    metas = {
+        r: m
+        for s in summaries
+        for r, m in ({s.rank: s.meta} if isinstance(s, RankSummary) else s.meta).items()
+    }
+    sizes = {int(m.get("world_size", 0)) for m in metas.values()}
     if len(sizes) > 1:
         raise DtprofError(f"ranks disagree on the world size ({sorted(sizes)})")
 
@@ -252,8 +269,8 @@ def combine(summaries: list[RankSummary]) -> RunSummary:
         return pd.DataFrame(columns, copy=False)  # no consolidating copy into 2-D blocks
 
     return RunSummary(
-        ranks=[s.rank for s in summaries],
-        meta={s.rank: s.meta for s in summaries},
+        ranks=[r for s in summaries for r in ranks_of(s)],
+        meta=metas,
         steps=cat("steps"),
         phases=cat("phases"),
         actions=cat("actions"),
