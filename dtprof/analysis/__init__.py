@@ -57,8 +57,14 @@ def analyze(
             from dtprof.analysis.cluster import dask_map
 
             paths = [str(f.resolve()) for f in folders]
+            batches = [paths[i : i + RANKS_PER_TASK] for i in range(0, len(paths), RANKS_PER_TASK)]
             summaries = dask_map(
-                summarize_rank, paths, scheduler=scheduler, workers=workers, progress=progress
+                summarize_ranks,
+                batches,
+                scheduler=scheduler,
+                workers=workers,
+                progress=progress,
+                what=f"tasks of up to {RANKS_PER_TASK} ranks",
             )
         else:
             summaries = _summarize(folders, progress) if folders else []
