@@ -230,6 +230,16 @@ def tree_rss_bytes(pid: int) -> int:
     return total
 
 
+def peak_rss_until_exit(proc: subprocess.Popen[str]) -> int:
+    """Wait for ``proc``, sampling its and its workers' resident memory every 50 ms; the peak
+    in bytes."""
+    peak = 0
+    while proc.poll() is None:
+        peak = max(peak, tree_rss_bytes(proc.pid))
+        time.sleep(0.05)
+    return peak
+
+
 def run_analyze(trace: Path, extra: list[str]) -> tuple[float, float, dict[str, object]]:
     """One fresh `dtprof analyze --format json`: wall seconds, peak RSS in GiB (the process and
     its workers together, sampled every 50 ms), the report."""
@@ -238,10 +248,7 @@ def run_analyze(trace: Path, extra: list[str]) -> tuple[float, float, dict[str, 
         cmd += ["-o", report.name, *extra]
         started = time.perf_counter()
         proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
-        peak = 0
-        while proc.poll() is None:
-            peak = max(peak, tree_rss_bytes(proc.pid))
-            time.sleep(0.05)
+        peak = peak_rss_until_exit(proc)
         wall = time.perf_counter() - started
         err = proc.stderr.read() if proc.stderr else ""
         if proc.returncode not in (0, 1):

@@ -27,7 +27,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from analyze_scale import build_trace, tree_rss_bytes
+from analyze_scale import build_trace, peak_rss_until_exit
 
 from dashboard.app import create_app
 from dashboard.pages import (
@@ -112,10 +112,7 @@ def full_load(trace: Path) -> tuple[list[tuple[str, float, float]], float]:
     """all_pages in a fresh process: its rows and the peak GiB of that process and its workers."""
     cmd = [sys.executable, __file__, "--out", str(trace), "--child"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
-    peak = 0
-    while proc.poll() is None:
-        peak = max(peak, tree_rss_bytes(proc.pid))
-        time.sleep(0.05)
+    peak = peak_rss_until_exit(proc)
     out = proc.stdout.read() if proc.stdout else ""
     if proc.returncode:
         sys.exit(f"the full load failed ({proc.returncode})")

@@ -43,18 +43,7 @@ def gantt(bars: pd.DataFrame, links: pd.DataFrame, rank_rows: list[int]) -> go.F
             customdata=last["hover"],
             hovertemplate="%{customdata}<extra></extra>",
         )
-    fig.update_yaxes(
-        tickvals=list(range(len(rank_rows))),
-        ticktext=[f"rank {r}" for r in rank_rows],
-        autorange="reversed",
-    )
-    return styled(
-        fig,
-        "",
-        height=max(140 + 70 * len(rank_rows), 300),
-        barmode="overlay",
-        xaxis_title="ms from the window's start",
-    )
+    return _lanes(fig, rank_rows, 140, 70, "ms from the window's start")
 
 
 def _joined(links: pd.DataFrame) -> tuple[list[float | None], list[float | None]]:
@@ -96,15 +85,20 @@ def pipeline_chart(actions: pd.DataFrame, idle: pd.DataFrame, stages: list[int])
             customdata=rows["hover"],
             hovertemplate="%{customdata}<extra></extra>",
         )
+    return _lanes(fig, stages, 160, 60, "ms from the step's start")
+
+
+def _lanes(fig: go.Figure, ranks: list[int], base_px: int, lane_px: int, x_title: str) -> go.Figure:
+    """One horizontal lane per rank, top to bottom, bars overlaid; at least 300 px high."""
     fig.update_yaxes(
-        tickvals=list(range(len(stages))),
-        ticktext=[f"rank {s}" for s in stages],
+        tickvals=list(range(len(ranks))),
+        ticktext=[f"rank {r}" for r in ranks],
         autorange="reversed",
     )
     return styled(
         fig,
         "",
-        height=max(160 + 60 * len(stages), 300),
+        height=max(base_px + lane_px * len(ranks), 300),
         barmode="overlay",
-        xaxis_title="ms from the step's start",
+        xaxis_title=x_title,
     )

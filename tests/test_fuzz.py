@@ -20,6 +20,7 @@ from dtprof.errors import DtprofError
 from dtprof.trace.follow import TraceFollower
 from dtprof.trace.reader import load_trace
 from tests import kinetobuild
+from tests.tracebuild import fr_entry
 
 SAMPLE = Path(__file__).parents[1] / "sample_traces" / "healthy-ddp"
 FUZZ = settings(
@@ -131,22 +132,6 @@ def test_a_damaged_profiler_trace(how: str, at: float, noise: bytes, event: dict
         _reads_or_refuses(file.parent)
 
 
-def _entry(seq: int) -> dict:
-    return {
-        "collective_seq_id": seq,
-        "p2p_seq_id": 0,
-        "is_p2p": False,
-        "process_group": ("0", "default_pg"),
-        "profiling_name": "gloo:all_reduce",
-        "input_sizes": [[4]],
-        "input_dtypes": ["Float"],
-        "state": "scheduled",
-        "retired": False,
-        "time_created_ns": 10**18 + seq,
-        "frames": [],
-    }
-
-
 @FUZZ
 @given(
     where=st.sampled_from(["dump", "entry", "pg_config", "pg_status", "frames"]),
@@ -172,7 +157,7 @@ def test_a_flight_recorder_dump_with_any_value_anywhere(
         "version": "2.10",
         "pg_config": {"": {"name": "", "desc": "", "ranks": "[0, 1]"}},
         "pg_status": {"0": {"last_completed_collective": 1}},
-        "entries": [_entry(1), _entry(2)],
+        "entries": [fr_entry(1, frames=[]), fr_entry(2, frames=[])],
     }
     target = {
         "dump": dump,

@@ -20,6 +20,7 @@ import pytest
 
 from dtprof.cli import main
 from tests import kinetobuild
+from tests.tracebuild import fr_entry
 
 SAMPLE = Path(__file__).parents[1] / "sample_traces" / "healthy-ddp"
 R1 = "rank=00001"
@@ -356,22 +357,6 @@ def kineto_symlink_to_device(t: Path) -> Path:
 # ---------------------------------------------------------------- Flight Recorder
 
 
-def _fr_entry(seq: int, **extra: object) -> dict:
-    return {
-        "collective_seq_id": seq,
-        "p2p_seq_id": 0,
-        "is_p2p": False,
-        "process_group": ("0", "default_pg"),
-        "profiling_name": "gloo:all_reduce",
-        "input_sizes": [[4]],
-        "input_dtypes": ["Float"],
-        "state": "scheduled",
-        "retired": False,
-        "time_created_ns": 10**18 + seq,
-        **extra,
-    }
-
-
 def _fr_dump(entries: list, ranks: str = "[0, 1]", last: int = 2) -> dict:
     return {
         "version": "2.10",
@@ -383,8 +368,8 @@ def _fr_dump(entries: list, ranks: str = "[0, 1]", last: int = 2) -> dict:
 
 def _fr(t: Path, rank1: object = None) -> Path:
     t.mkdir()
-    (t / "fr_rank_0").write_bytes(pickle.dumps(_fr_dump([_fr_entry(s) for s in (1, 2, 3)])))
-    one = _fr_dump([_fr_entry(s) for s in (1, 2)]) if rank1 is None else rank1
+    (t / "fr_rank_0").write_bytes(pickle.dumps(_fr_dump([fr_entry(s) for s in (1, 2, 3)])))
+    one = _fr_dump([fr_entry(s) for s in (1, 2)]) if rank1 is None else rank1
     (t / "fr_rank_1").write_bytes(one if isinstance(one, bytes) else pickle.dumps(one))
     return t
 
@@ -394,7 +379,7 @@ def fr_random_bytes(t: Path) -> Path:
 
 
 def fr_truncated_pickle(t: Path) -> Path:
-    return _fr(t, pickle.dumps(_fr_dump([_fr_entry(s) for s in (1, 2)]))[:-30])
+    return _fr(t, pickle.dumps(_fr_dump([fr_entry(s) for s in (1, 2)]))[:-30])
 
 
 def fr_pickle_with_code(t: Path) -> Path:
@@ -403,7 +388,7 @@ def fr_pickle_with_code(t: Path) -> Path:
 
 def fr_truncated_json(t: Path) -> Path:
     _fr(t)
-    (t / "fr_rank_1").write_text(json.dumps(_fr_dump([_fr_entry(s) for s in (1, 2)]))[:-20])
+    (t / "fr_rank_1").write_text(json.dumps(_fr_dump([fr_entry(s) for s in (1, 2)]))[:-20])
     return t
 
 
@@ -412,11 +397,11 @@ def fr_not_a_dump(t: Path) -> Path:
 
 
 def fr_wrong_types(t: Path) -> Path:
-    return _fr(t, _fr_dump([_fr_entry(1, collective_seq_id="x"), "entry", 5]))
+    return _fr(t, _fr_dump([fr_entry(1, collective_seq_id="x"), "entry", 5]))
 
 
 def fr_mixed_world_sizes(t: Path) -> Path:
-    return _fr(t, _fr_dump([_fr_entry(s) for s in (1, 2)], ranks="[0, 1, 2, 3]"))
+    return _fr(t, _fr_dump([fr_entry(s) for s in (1, 2)], ranks="[0, 1, 2, 3]"))
 
 
 def fr_duplicate_ranks(t: Path) -> Path:
@@ -430,11 +415,11 @@ def fr_missing_rank(t: Path) -> Path:
 
 
 def fr_absurd_values(t: Path) -> Path:
-    return _fr(t, _fr_dump([_fr_entry(1, input_sizes=[[10**30]]), _fr_entry(2)]))
+    return _fr(t, _fr_dump([fr_entry(1, input_sizes=[[10**30]]), fr_entry(2)]))
 
 
 def fr_huge_but_sound(t: Path) -> Path:
-    entries = [_fr_entry(s, input_sizes=[[10**17]], time_created_ns=-s) for s in range(1, 3)]
+    entries = [fr_entry(s, input_sizes=[[10**17]], time_created_ns=-s) for s in range(1, 3)]
     return _fr(t, _fr_dump(entries * 5000))
 
 

@@ -49,3 +49,20 @@ def write_rank(
     writer.flush(seal=seal)
     write_json_atomic(folder / META_FILE, meta)
     return folder
+
+
+def fr_entry(seq: int, **extra: Any) -> dict[str, Any]:
+    """One Flight Recorder entry as gloo writes it: an all-reduce still "scheduled"."""
+    return {
+        "collective_seq_id": seq,
+        "p2p_seq_id": 0,
+        "is_p2p": False,
+        "process_group": ("0", "default_pg"),
+        "profiling_name": "gloo:all_reduce",
+        "input_sizes": [[4]],
+        "input_dtypes": ["Float"],
+        "state": "scheduled",
+        "retired": False,
+        "time_created_ns": 10**18 + seq,
+        **extra,
+    }
