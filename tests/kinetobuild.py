@@ -100,10 +100,11 @@ def _gpu(cat: str, name: str, stream: int, ts: float, dur: float, corr: int, **e
     return _x(cat, name, 0, stream, ts, dur, args)
 
 
-def write(folder: Path, name: str, doc: dict[str, Any]) -> Path:
-    """Write one trace file, gzipped when the name ends in .gz."""
+def write(folder: Path, name: str, doc: dict[str, Any], layout: str = "profiler") -> Path:
+    """Write one trace file, gzipped when the name ends in .gz: laid out over lines as the
+    profiler writes it (``profiler``), or all on one line (``compact``)."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / name
-    raw = orjson.dumps(doc)
+    raw = orjson.dumps(doc, option=orjson.OPT_INDENT_2 if layout == "profiler" else 0)
     path.write_bytes(gzip.compress(raw) if name.endswith(".gz") else raw)
     return path

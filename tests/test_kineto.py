@@ -169,6 +169,75 @@ def test_decoding_in_chunks_changes_nothing_and_odd_fields_are_tolerated(
     assert whole["steps"]["start_ns"].to_pylist() == [125, 1_000_125, 2_000_125]
 
 
+def _read_whole(monkeypatch: pytest.MonkeyPatch, path: Path) -> dict[str, Any]:
+    """rank_tables of the file read whole, the way taken where streaming cannot cut it."""
+    with monkeypatch.context() as m:
+        m.setattr(kineto_events, "_stream", _unstreamable)
+        kf = read_kineto(path)
+    return {"file header": kf.header, "file events": kf.events, **rank_tables(kf)}
+
+
+def _unstreamable(source: Any, header: dict[str, Any]) -> Any:
+    raise kineto_events.Unstreamable("read whole")
+    yield
+
+
+@pytest.mark.parametrize("name", ["rank0.json", "rank0.json.gz"])
+def test_streaming_a_buffer_at_a_time_changes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    doc = kb.trace(0, relative=True, seq=True, steps=6)
+    doc["traceName"] = "after the events"  # keys after the list are read too
+    doc["baseTimeNanoseconds"] = doc.pop("baseTimeNanoseconds")
+    path = kb.write(tmp_path, name, doc)
+    whole = _read_whole(monkeypatch, path)
+    monkeypatch.setattr(kineto_events, "BUFFER_BYTES", 700)  # a few events per buffer
+    chunks = list(kineto_events.stream(path, header := {}))
+    assert len(chunks) > 5 and sum(map(len, chunks)) == len(doc["traceEvents"])
+    assert header == whole["file header"] and header["baseTimeNanoseconds"] == kb.BASE_NS
+    kf = read_kineto(path)
+    streamed = {"file header": kf.header, "file events": kf.events, **rank_tables(kf)}
+    assert streamed.keys() == whole.keys()
+    for key, value in whole.items():
+        same = value.equals(streamed[key]) if hasattr(value, "equals") else value == streamed[key]
+        assert same, key
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["objects in a list over lines", "one event longer than the buffer", "all on one line"],
+)
+def test_what_streaming_cannot_cut_is_read_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: str
+) -> None:
+    doc = kb.trace(0, seq=True)
+    layout = "profiler"
+    if change == "objects in a list over lines":  # a cut between them would break the event
+        doc["traceEvents"][12]["args"]["Extra"] = [{"a": 1}, {"b": 2}, {"c": 3}]
+    elif change == "one event longer than the buffer":
+        doc["traceEvents"][12]["args"]["Extra"] = "x" * 5000
+    else:
+        layout = "compact"
+    path = kb.write(tmp_path, "rank0.json", doc, layout=layout)
+    whole = _read_whole(monkeypatch, path)
+    assert whole["file events"] == len(doc["traceEvents"])
+    refused, sizes = 0, range(600, 7000, 71)
+    for size in sizes:  # some buffer ends right after a cut inside the event
+        monkeypatch.setattr(kineto_events, "BUFFER_BYTES", size)
+        try:
+            list(kineto_events.stream(path, {}))
+        except kineto_events.Unstreamable:
+            refused += 1
+        kf = read_kineto(path)
+        tables = rank_tables(kf)
+        assert kf.events == whole["file events"] and kf.header == whole["file header"]
+        assert all(tables[k].equals(whole[k]) for k in tables), size
+    if change == "all on one line":  # refused unless the buffer holds the file: its last piece
+        assert refused == sum(size < path.stat().st_size for size in sizes)
+    else:
+        assert refused > 0
+
+
 def test_cli_analyze_caches_and_convert_writes_a_dtprof_trace(
     tmp_path: Path, cache: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -20,8 +20,9 @@ import os
 import shutil
 import sys
 import time
+from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
@@ -230,32 +231,42 @@ def _run(
     per_rank: PerRank | None,
     progress: bool,
 ) -> dict[int, tuple[int, str, int, dict[str, Any], Any]]:
+    """Convert every file: in this process and, with more CPUs, in worker processes beside it
+    (this one takes the next file whenever the workers are busy: one process fewer to hold)."""
     outs = [tmp / f"file-{i}" if tmp is not None else None for i in range(len(files))]
-    workers = min(len(files), os.cpu_count() or 1)
-    if workers <= 1:
-        return {
-            i: _convert_one(f, fb, o, per_rank)
-            for i, (f, fb, o) in enumerate(zip(files, fallbacks, outs, strict=True))
-        }
-    started, total = time.monotonic(), sum(f.stat().st_size for f in files)
+    queue = deque(enumerate(zip(files, fallbacks, outs, strict=True)))
+    extra = min(len(files), os.cpu_count() or 1) - 1
+    started, total, read = time.monotonic(), sum(f.stat().st_size for f in files), 0
     done: dict[int, tuple[int, str, int, dict[str, Any], Any]] = {}
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        futures: dict[Future[Any], int] = {
-            pool.submit(_convert_one, f, fb, o, per_rank): i
-            for i, (f, fb, o) in enumerate(zip(files, fallbacks, outs, strict=True))
-        }
-        read = 0
-        for fut in as_completed(futures):
-            i = futures[fut]
-            done[i] = fut.result()
-            read += files[i].stat().st_size
-            if progress and time.monotonic() - started > PROGRESS_AFTER_S:
-                print(
-                    f"dtprof: imported {len(done)}/{len(files)} profiler traces "
-                    f"({read / 2**20:,.0f} of {total / 2**20:,.0f} MiB)",
-                    file=sys.stderr,
-                    flush=True,
-                )
+
+    def finished(i: int, result: tuple[int, str, int, dict[str, Any], Any]) -> None:
+        nonlocal read
+        done[i] = result
+        read += files[i].stat().st_size
+        if progress and time.monotonic() - started > PROGRESS_AFTER_S:
+            print(
+                f"dtprof: imported {len(done)}/{len(files)} profiler traces "
+                f"({read / 2**20:,.0f} of {total / 2**20:,.0f} MiB)",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    if extra <= 0:
+        for i, job in queue:
+            finished(i, _convert_one(*job, per_rank))
+        return done
+    with ProcessPoolExecutor(max_workers=extra) as pool:
+        running: dict[Future[Any], int] = {}
+        while queue or running:
+            while queue and len(running) < extra:
+                i, job = queue.popleft()
+                running[pool.submit(_convert_one, *job, per_rank)] = i
+            if queue:
+                i, job = queue.popleft()
+                finished(i, _convert_one(*job, per_rank))
+            ready, _ = wait(running, timeout=0 if queue else None, return_when=FIRST_COMPLETED)
+            for fut in ready:
+                finished(running.pop(fut), fut.result())
     return done
 
 

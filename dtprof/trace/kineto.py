@@ -25,10 +25,9 @@ import msgspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from msgspec import UNSET
 
 from dtprof.errors import DtprofError
-from dtprof.trace.kineto_events import Event, args_dict, chunks, decode
+from dtprof.trace.kineto_events import Args, Event, Unstreamable, args_dict, chunks, decode, stream
 
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset", "Kernel", "Memcpy", "Memset")
 LAUNCH_CATS = ("cuda_runtime", "cuda_driver", "Runtime", "Driver")
@@ -69,7 +68,10 @@ def _fast_ints(values: list[Any], default: int = -1) -> np.ndarray:
 
 def _arg(args: list[Any], attr: str) -> list[Any]:
     """One args key of each event; None where the event lacks it (or its args are no object)."""
-    return [None if (v := getattr(a, attr, UNSET)) is UNSET else v for a in args]
+    try:
+        return list(map(attrgetter(attr), args))
+    except AttributeError:  # some event's args are not an object
+        return [getattr(a, attr) if isinstance(a, Args) else None for a in args]
 
 
 @dataclass
@@ -177,7 +179,9 @@ def _chunk_columns(events: list[Event]) -> dict[str, Any]:
     )
     mem_idx = _where(pc.and_(pc.equal(ph, "i"), pc.equal(name, "[memory]")))
 
-    out, gpu_args = _columns("gpu", events, gpu_idx)
+    out: dict[str, Any] = {"events": len(events)}
+    gpu, gpu_args = _columns("gpu", events, gpu_idx)
+    out.update(gpu)
     stream = _fast_ints(_arg(gpu_args, "stream"), -1)
     out.update(
         gpu_cat=cat.take(pa.array(gpu_idx, pa.int64())),
@@ -221,14 +225,14 @@ def _concat(parts: list[Any]) -> Any:
 def read_kineto(path: str | Path) -> KinetoFile:
     """Parse one trace file and keep, as columns, the event groups the importer maps."""
     path = Path(path)
-    header, text, raws = decode(path)
+    header: dict[str, Any] = {}
     try:
-        parts = [_chunk_columns(events) for events in chunks(path, text, raws)]
-    except (msgspec.DecodeError, UnicodeDecodeError) as exc:  # what skipping an event let by
-        raise DtprofError(f"{path}: not valid JSON ({exc})") from None
+        parts = [_chunk_columns(events) for events in stream(path, header)]
+    except Unstreamable:  # another layout, or something wrong: read whole, which says what
+        header, parts = _read_whole(path)
+    events = sum(part.pop("events") for part in parts)
     col = {key: _concat([part[key] for part in parts]) for key in parts[0]}
-    events = len(raws)
-    del parts, raws, text  # the records are gone already; the text goes before the mapping
+    del parts
 
     def cols(group: str) -> Cols:
         name, ts_ns, end_ns, pid, tid = (col.pop(f"{group}_{f}") for f in COLS_FIELDS)
@@ -237,6 +241,15 @@ def read_kineto(path: str | Path) -> KinetoFile:
     return KinetoFile(
         path=path, header=header, gpu=cols("gpu"), cpu=cols("cpu"), events=events, **col
     )
+
+
+def _read_whole(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """(header, each chunk's columns) of a file read whole; the text is gone when it returns."""
+    header, text, raws = decode(path)
+    try:
+        return header, [_chunk_columns(events) for events in chunks(path, text, raws)]
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:  # what skipping an event let by
+        raise DtprofError(f"{path}: not valid JSON ({exc})") from None
 
 
 RANK_IN_NAME = re.compile(r"rank[-_=.]?(\d+)", re.IGNORECASE)

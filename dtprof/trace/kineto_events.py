@@ -1,13 +1,23 @@
 """Decode a PyTorch profiler (Kineto) trace file into small typed records, a chunk at a time.
 
-msgspec reads the file once to find the header and each event's extent (``traceEvents`` as raw
-JSON, pointing into the text), then decodes the events CHUNK_EVENTS at a time into
-:class:`Event` records holding only what the importer maps: ``ph``, ``cat``, ``name``, ``pid``,
-``tid``, ``ts``, ``dur`` and the ``args`` keys of :class:`Args`. Every other key is skipped
-without building it, operators' input shapes and types stay raw JSON until a collective needs
-them, and the records are not tracked by the cyclic garbage collector. A file that is not
-valid JSON, not a trace, or holds an event of the wrong shape fails as one line naming it (and
-the event's place: ``$.traceEvents[N]``).
+Records hold only what the importer maps: ``ph``, ``cat``, ``name``, ``pid``, ``tid``, ``ts``,
+``dur`` and the ``args`` keys of :class:`Args`. Every other key is skipped without building it,
+operators' input shapes and types stay raw JSON until a collective needs them, and the records
+are not tracked by the cyclic garbage collector.
+
+Two ways to a file's chunks, the same records either way:
+
+- :func:`stream`, for files laid out as the profiler writes them (events separated by a comma
+  and a line break): the file is read a buffer at a time (gunzipped on the fly) and the events
+  up to the last separator in the buffer are decoded straight from it. A raw line break never
+  occurs inside a JSON string, so such a separator lies between two objects; if they are not
+  two events, the cut yields invalid JSON and the file is read the other way instead. The
+  whole text is never held, nor a list of every event.
+- :func:`decode` + :func:`chunks`, for any other layout: msgspec reads the whole text once to
+  find the header and each event's extent (``traceEvents`` as raw JSON, pointing into the
+  text), then decodes the events CHUNK_EVENTS at a time. This way also gives the precise
+  errors: a file that is not valid JSON, not a trace, or holds an event of the wrong shape
+  fails as one line naming it (and the event's place: ``$.traceEvents[N]``).
 """
 
 from __future__ import annotations
@@ -27,23 +37,23 @@ from dtprof.errors import DtprofError
 
 
 class Args(msgspec.Struct, gc=False):
-    """The ``args`` keys the mapping reads (UNSET where absent); the decoder skips the rest."""
+    """The ``args`` keys the mapping reads (None or UNSET where absent); the rest are skipped."""
 
-    correlation: Any = UNSET
-    stream: Any = UNSET
-    bytes: Any = UNSET
-    collective_name: Any = field(default=UNSET, name="Collective name")
-    in_msg_nelems: Any = field(default=UNSET, name="In msg nelems")
-    dtype: Any = UNSET
-    input_dims: Raw | UnsetType = field(default=UNSET, name="Input Dims")
+    correlation: Any = None
+    stream: Any = None
+    bytes: Any = None
+    collective_name: Any = field(default=None, name="Collective name")
+    in_msg_nelems: Any = field(default=None, name="In msg nelems")
+    dtype: Any = None
+    input_dims: Raw | UnsetType = field(default=UNSET, name="Input Dims")  # decoded if needed
     input_type: Raw | UnsetType = field(default=UNSET, name="Input type")
-    seq_: Any = field(default=UNSET, name="Seq")
-    seq: Any = UNSET
-    process_group_name: Any = field(default=UNSET, name="Process Group Name")
-    pg_name: Any = UNSET
-    device_type: Any = field(default=UNSET, name="Device Type")
-    total_allocated: Any = field(default=UNSET, name="Total Allocated")
-    total_reserved: Any = field(default=UNSET, name="Total Reserved")
+    seq_: Any = field(default=None, name="Seq")
+    seq: Any = None
+    process_group_name: Any = field(default=None, name="Process Group Name")
+    pg_name: Any = None
+    device_type: Any = field(default=None, name="Device Type")
+    total_allocated: Any = field(default=None, name="Total Allocated")
+    total_reserved: Any = field(default=None, name="Total Reserved")
 
 
 class Event(msgspec.Struct, gc=False):
@@ -68,22 +78,25 @@ class _Trace(msgspec.Struct, gc=False):
 
 HEADER_KEYS = ("schemaVersion", "distributedInfo", "baseTimeNanoseconds")
 CHUNK_EVENTS = 8192  # records decoded at a time: a file never holds more than these at once
+BUFFER_BYTES = 1 << 20  # what stream() reads at a time: its records come this many bytes a chunk
 _TRACE = msgspec.json.Decoder(_Trace)
 _EVENTS = msgspec.json.Decoder(list[Event])
-_ARG_KEYS = tuple((f.name, f.encode_name) for f in msgspec.structs.fields(Args))
+_ARG_NAMES = tuple(f.encode_name for f in msgspec.structs.fields(Args))
 _CHUNK_INDEX = re.compile(r"`\$\[(\d+)\]")
+_EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
+_BETWEEN = re.compile(rb"\}[ \t\r]*,[ \t\r]*\n[ \t\r\n]*\{")  # a line break: not in a string
 
 
 def args_dict(args: Any) -> dict[str, Any]:
-    """The keys an event's args has, by their JSON names, raw values decoded."""
-    out: dict[str, Any] = {}
+    """The keys an event's args has (a null one counts as absent), by their JSON names, raw
+    values decoded."""
     if not isinstance(args, Args):
-        return out
-    for attr, key in _ARG_KEYS:
-        value = getattr(args, attr)
-        if value is not UNSET:
-            out[key] = msgspec.json.decode(value) if isinstance(value, Raw) else value
-    return out
+        return {}
+    return {
+        key: msgspec.json.decode(value) if isinstance(value, Raw) else value
+        for key, value in zip(_ARG_NAMES, msgspec.structs.astuple(args), strict=True)
+        if value is not None and value is not UNSET
+    }
 
 
 def read_bytes(path: Path) -> bytes:
@@ -109,8 +122,11 @@ def decode(path: Path) -> tuple[dict[str, Any], bytes, list[Raw]]:
         raise DtprofError(f"{path}: not a PyTorch profiler trace (no traceEvents list)") from None
     except (msgspec.DecodeError, UnicodeDecodeError) as exc:
         raise DtprofError(f"{path}: not valid JSON ({exc})") from None
-    header = {k: getattr(doc, k) for k in HEADER_KEYS if getattr(doc, k) is not UNSET}
-    return header, text, doc.traceEvents
+    return _header(doc), text, doc.traceEvents
+
+
+def _header(doc: _Trace) -> dict[str, Any]:
+    return {k: getattr(doc, k) for k in HEADER_KEYS if getattr(doc, k) is not UNSET}
 
 
 def _address(buffer: Any) -> int:
@@ -140,3 +156,78 @@ def chunks(path: Path, text: bytes, events: list[Raw]) -> Iterator[list[Event]]:
             raise DtprofError(
                 f"{path}: traceEvents holds something other than profiler events ({at})"
             ) from None
+
+
+class Unstreamable(Exception):
+    """stream() cannot cut this file into chunks of events: read it whole instead."""
+
+
+def stream(path: Path, header: dict[str, Any]) -> Iterator[list[Event]]:
+    """The events as records, a buffer of the file at a time; fills ``header`` on the way.
+
+    Raises Unstreamable (maybe after some chunks) where the file is not laid out as the
+    profiler writes it, is not valid, or cannot be read: :func:`decode` then says what is wrong.
+    """
+    try:
+        with open(path, "rb") as raw:
+            gzipped = raw.peek(2)[:2] == b"\x1f\x8b"
+            with gzip.GzipFile(fileobj=raw) if gzipped else raw as source:
+                yield from _stream(source, header)
+    except (OSError, EOFError, zlib.error, msgspec.MsgspecError, UnicodeDecodeError) as exc:
+        raise Unstreamable(str(exc)) from None
+
+
+def _stream(source: Any, header: dict[str, Any]) -> Iterator[list[Event]]:
+    buf = bytearray(BUFFER_BYTES)
+    filled = _fill(source, buf, 0)
+    found = _EVENTS_KEY.search(buf, 0, filled)
+    if found is None:
+        raise Unstreamable("no traceEvents list in the first buffer")
+    header.update(_header(_TRACE.decode(bytes(buf[: found.start()]) + b'"traceEvents": []}')))
+    lo = found.end() - 1  # buf[lo] is the "[" that opens the chunk's array
+    while filled == len(buf):  # until the end of the file is in the buffer
+        cut = _last_between(buf, lo + 1, filled)
+        if cut is None:
+            raise Unstreamable("no line break between events in a buffer")
+        end, following = cut
+        buf[end] = ord("]")  # the chunk's events as one JSON array, decoded in place
+        yield _EVENTS.decode(memoryview(buf)[lo : end + 1])
+        rest = filled - following
+        buf[1 : 1 + rest] = buf[following:filled]  # the events not decoded yet, behind a "["
+        buf[0], lo = ord("["), 0
+        filled = _fill(source, buf, 1 + rest)
+    # the last events and whatever follows the list: the rest of the document, reopened
+    text = b'{"traceEvents": ' + bytes(buf[lo:filled])
+    del buf
+    doc = _TRACE.decode(text)
+    header.update(_header(doc))
+    try:
+        yield from chunks(Path("-"), text, doc.traceEvents)
+    except DtprofError as exc:
+        raise Unstreamable(str(exc)) from None
+
+
+def _fill(source: Any, buf: bytearray, at: int) -> int:
+    """Read into buf from ``at`` until it is full or the file ends; how far buf is filled."""
+    view = memoryview(buf)
+    while at < len(buf):
+        got = source.readinto(view[at:])
+        if not got:
+            break
+        at += got
+    return at
+
+
+def _last_between(buf: bytearray, lo: int, hi: int) -> tuple[int, int] | None:
+    """(just past the "}", at the "{") of the last separator between events in buf[lo:hi]."""
+    window = 1 << 16
+    while True:
+        start = max(lo, hi - window)
+        last = None
+        for last in _BETWEEN.finditer(buf, start, hi):  # noqa: B007 -- the last one is wanted
+            pass
+        if last is not None:
+            return last.start() + 1, last.end() - 1
+        if start == lo:
+            return None
+        window *= 16

@@ -170,59 +170,49 @@ def _size(args: dict[str, Any]) -> tuple[int, str | None]:
     return 0, None
 
 
+ARG_COLUMNS = ("group", "seq", "op", "bytes", "dtype", "peer")  # collectives' columns from args
+
+
 def collectives_table(kf: KinetoFile, steps: pd.DataFrame, category: np.ndarray) -> pa.Table:
     """One row per collective call (rules in the module doc), seq from "Seq" or call order."""
     cpu = kf.cpu
     is_rpc = np.asarray(pc.equal(cpu.name, "record_param_comms").to_numpy(zero_copy_only=False))
     is_ann = _regex(cpu.name, COMM_ANNOTATION_RE)
     names = cpu.name.to_pylist() if (is_rpc | is_ann).any() else []
-    # communication-kernel launches: (tid, launch ts, kernel start, kernel end)
-    comm = category == "communication"
-    launch_ns, launched = _launch_times(kf)
-    lk = np.flatnonzero(comm & launched)
-    launch_tid = _launch_tids(kf)[lk]
-    k_launch, k_start, k_end = launch_ns[lk], kf.gpu.ts_ns[lk], kf.gpu.end_ns[lk]
-
-    rows: list[dict[str, Any]] = []
+    launches = _comm_launches(kf, category)
+    fields: dict[str, list[Any]] = {c: [] for c in ARG_COLUMNS}
+    times: list[dict[str, np.ndarray]] = []
     for tid in np.unique(cpu.tid[is_rpc | is_ann]):
         on = cpu.tid == tid
-        rpc = np.flatnonzero(on & is_rpc)
-        ann = np.flatnonzero(on & is_ann)
-        rpc = rpc[np.argsort(cpu.ts_ns[rpc], kind="stable")]
-        ann = ann[np.argsort(cpu.ts_ns[ann], kind="stable")]
-        parent = np.searchsorted(cpu.ts_ns[rpc], cpu.ts_ns[ann], side="right") - 1
-        inside = (parent >= 0) & (cpu.ts_ns[ann] <= cpu.end_ns[rpc][np.maximum(parent, 0)])
-        child: dict[int, int] = {}
-        for a, p in zip(ann[inside].tolist(), parent[inside].tolist(), strict=True):
-            child.setdefault(p, a)
-        mine = np.flatnonzero(launch_tid == tid)
-        order = mine[np.argsort(k_launch[mine], kind="stable")]
-        for j, r in enumerate(rpc.tolist()):
-            args = cpu.args[r]
-            a = child.get(j)
-            lo = int(np.searchsorted(k_launch[order], cpu.ts_ns[r], side="left"))
-            hi = int(np.searchsorted(k_launch[order], cpu.end_ns[r], side="right"))
-            named = args.get("Collective name")
-            if not named and a is None and hi <= lo:
-                continue  # a bookkeeping record_param_comms: no collective named or launched
-            op = _normal_op(str(named) if named else names[a] if a is not None else "unknown")
-            size_args = args if "In msg nelems" in args or a is None else cpu.args[a]
-            rows.append(_row(cpu, r, op, args, size_args, order[lo:hi], k_start, k_end))
-        for a in ann[~inside].tolist():
-            lo = int(np.searchsorted(k_launch[order], cpu.ts_ns[a], side="left"))
-            hi = int(np.searchsorted(k_launch[order], cpu.end_ns[a], side="right"))
-            rows.append(
-                _row(cpu, a, _normal_op(names[a]), {}, cpu.args[a], order[lo:hi], k_start, k_end)
-            )
-    if not rows:
+        kernels = _thread_kernels(launches, tid)
+        times.append(_thread_collectives(cpu, names, on & is_rpc, on & is_ann, kernels, fields))
+    if not fields["op"]:
         return TABLES["collectives"].schema.empty_table()
-    df = pd.DataFrame(rows).sort_values("start_ns", kind="stable", ignore_index=True)
+    df = _collectives_frame(fields, times).sort_values("start_ns", kind="stable", ignore_index=True)
     df["step"] = step_at(steps, df["cpu_ns"].to_numpy())
     counted = df.groupby(["group", df["peer"].notna()]).cumcount()
     seq_from = b"trace" if df["seq"].notna().all() else b"call order"
     df["seq"] = df["seq"].fillna(counted).astype(np.int64)
     table = _table("collectives", {c: df[c] for c in TABLES["collectives"].column_names})
     return table.replace_schema_metadata({SEQ_FROM: seq_from})
+
+
+def _collectives_frame(
+    fields: dict[str, list[Any]], times: list[dict[str, np.ndarray]]
+) -> pd.DataFrame:
+    """The collectives in row order, from the args columns and each thread's times. Lists of
+    Python values go in as they are, so pandas infers the same dtypes as it does for rows."""
+    columns = {key: np.concatenate([t[key] for t in times]) for key in times[0]}
+    return pd.DataFrame(
+        {
+            **fields,
+            "cpu_ns": columns["cpu_ns"],
+            "start_ns": columns["start_ns"],
+            "end_ns": columns["end_ns"],
+            "async_op": [None] * len(fields["op"]),
+            "label": ["gpu" if g else "cpu" for g in columns["on_gpu"].tolist()],
+        }
+    )
 
 
 def _launch_tids(kf: KinetoFile) -> np.ndarray:
@@ -234,32 +224,120 @@ def _launch_tids(kf: KinetoFile) -> np.ndarray:
     return kf.launch_tid[order][pos]
 
 
-def _row(
+def _comm_launches(kf: KinetoFile, category: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Communication kernels with a known launch: (launch tid, launch ns, start ns, end ns)."""
+    launch_ns, launched = _launch_times(kf)
+    lk = np.flatnonzero((category == "communication") & launched)
+    return _launch_tids(kf)[lk], launch_ns[lk], kf.gpu.ts_ns[lk], kf.gpu.end_ns[lk]
+
+
+def _thread_kernels(launches: tuple[np.ndarray, ...], tid: int) -> tuple[np.ndarray, ...]:
+    """The communication kernels that thread tid launched, in launch order (ties as found):
+    (launch ns, start ns, end ns)."""
+    launch_tid, k_launch, k_start, k_end = launches
+    mine = np.flatnonzero(launch_tid == tid)
+    order = mine[np.argsort(k_launch[mine], kind="stable")]
+    return k_launch[order], k_start[order], k_end[order]
+
+
+def _thread_collectives(
     cpu: Any,
-    i: int,
-    op: str,
-    args: dict[str, Any],
-    size_args: dict[str, Any],
-    kernels: np.ndarray,
-    k_start: np.ndarray,
-    k_end: np.ndarray,
-) -> dict[str, Any]:
+    names: list[str],
+    is_rpc: np.ndarray,
+    is_ann: np.ndarray,
+    kernels: tuple[np.ndarray, ...],
+    fields: dict[str, list[Any]],
+) -> dict[str, np.ndarray]:
+    """One thread's collectives: its record_param_comms operators by start, then the annotations
+    outside any of them. Appends the columns read from their args to ``fields`` (a light loop:
+    args are dicts) and returns their times, computed for all rows at once."""
+    rpc = _by_start(cpu, np.flatnonzero(is_rpc))
+    ann = _by_start(cpu, np.flatnonzero(is_ann))
+    child, outside = _nest(cpu, rpc, ann)
+    events = np.concatenate([rpc, outside])
+    on_gpu, k_start, k_end = _kernel_spans(kernels, cpu.ts_ns[events], cpu.end_ns[events])
+    keep = np.ones(len(events), bool)
+    launched = on_gpu.tolist()
+    for j, r in enumerate(rpc.tolist()):
+        args = cpu.args[r]
+        a = child.get(j)
+        named = args.get("Collective name")
+        if not named and a is None and not launched[j]:
+            keep[j] = False  # a bookkeeping record_param_comms: no collective named or launched
+            continue
+        op = _normal_op(str(named) if named else names[a] if a is not None else "unknown")
+        size_args = args if "In msg nelems" in args or a is None else cpu.args[a]
+        _add_args(fields, op, args, size_args)
+    for a in outside.tolist():
+        _add_args(fields, _normal_op(names[a]), {}, cpu.args[a])
+    events, on_gpu = events[keep], on_gpu[keep]
+    return {
+        "cpu_ns": cpu.ts_ns[events],
+        "start_ns": np.where(on_gpu, k_start[keep], cpu.ts_ns[events]),
+        "end_ns": np.where(on_gpu, k_end[keep], cpu.end_ns[events]),
+        "on_gpu": on_gpu,
+    }
+
+
+def _by_start(cpu: Any, idx: np.ndarray) -> np.ndarray:
+    """CPU event indices ordered by start time, ties kept in trace order."""
+    return idx[np.argsort(cpu.ts_ns[idx], kind="stable")]
+
+
+def _nest(cpu: Any, rpc: np.ndarray, ann: np.ndarray) -> tuple[dict[int, int], np.ndarray]:
+    """Annotations against the record_param_comms (both by start) of one thread: the first
+    annotation inside each operator (operator position -> annotation index), and the
+    annotations inside none, which are collectives of their own."""
+    parent = np.searchsorted(cpu.ts_ns[rpc], cpu.ts_ns[ann], side="right") - 1
+    inside = (parent >= 0) & (cpu.ts_ns[ann] <= cpu.end_ns[rpc][np.maximum(parent, 0)])
+    child: dict[int, int] = {}
+    for a, p in zip(ann[inside].tolist(), parent[inside].tolist(), strict=True):
+        child.setdefault(p, a)
+    return child, ann[~inside]
+
+
+def _kernel_spans(
+    kernels: tuple[np.ndarray, ...], ts_ns: np.ndarray, end_ns: np.ndarray
+) -> tuple[np.ndarray, ...]:
+    """For CPU intervals [ts_ns, end_ns], from the kernels launched within them (launch order):
+    whether there is one, the first kernel start and the last kernel end (the last two are
+    meaningless where there is none)."""
+    launch, start, end = kernels
+    lo = np.searchsorted(launch, ts_ns, side="left")
+    hi = np.searchsorted(launch, end_ns, side="right")
+    first = _reduce_ranges(np.minimum, start, lo, hi)
+    last = _reduce_ranges(np.maximum, end, lo, hi)
+    return hi > lo, first, last
+
+
+def _reduce_ranges(
+    ufunc: np.ufunc, values: np.ndarray, lo: np.ndarray, hi: np.ndarray
+) -> np.ndarray:
+    """``ufunc.reduce(values[lo[i]:hi[i]])`` for every i, meaningless where ``hi[i] <= lo[i]``.
+
+    One ``reduceat`` over the interleaved bounds lo0, hi0, lo1, hi1, ...: its even results are
+    the ranges wanted, its odd ones (hi_i to lo_i+1) are dropped. A padding element keeps
+    ``hi == len(values)`` a valid index there.
+    """
+    if not len(lo):
+        return values[:0]
+    padded = np.concatenate([values, np.zeros(1, values.dtype)])
+    bounds = np.stack([lo, hi], axis=1).reshape(-1)
+    return ufunc.reduceat(padded, bounds)[::2]
+
+
+def _add_args(
+    fields: dict[str, list[Any]], op: str, args: dict[str, Any], size_args: dict[str, Any]
+) -> None:
+    """Append one collective's columns read from its args: group, seq, op, size and peer."""
     nbytes, dtype = _size(size_args)
     seq = args.get("Seq", args.get("seq"))
-    on_gpu = len(kernels) > 0
-    return {
-        "group": str(args.get("Process Group Name", args.get("pg_name", "0"))),
-        "seq": seq if isinstance(seq, int) else None,
-        "op": op,
-        "bytes": nbytes,
-        "dtype": dtype,
-        "peer": -1 if op in P2P_OPS else None,
-        "cpu_ns": cpu.ts_ns[i],
-        "start_ns": int(k_start[kernels].min()) if on_gpu else int(cpu.ts_ns[i]),
-        "end_ns": int(k_end[kernels].max()) if on_gpu else int(cpu.end_ns[i]),
-        "async_op": None,
-        "label": "gpu" if on_gpu else "cpu",
-    }
+    fields["group"].append(str(args.get("Process Group Name", args.get("pg_name", "0"))))
+    fields["seq"].append(seq if isinstance(seq, int) else None)
+    fields["op"].append(op)
+    fields["bytes"].append(nbytes)
+    fields["dtype"].append(dtype)
+    fields["peer"].append(-1 if op in P2P_OPS else None)
 
 
 def samples_table(kf: KinetoFile, steps: pd.DataFrame) -> pa.Table:
