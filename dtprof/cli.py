@@ -183,24 +183,33 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _lean_arrow_allocator() -> None:
-    """Have Arrow allocate from jemalloc in this command and its worker processes.
+def _lean_arrow_allocator(source: str | None) -> None:
+    """Have Arrow allocate from jemalloc when this command reads PyTorch profiler traces.
 
-    Arrow's default allocator, mimalloc, keeps what each thread freed for that thread: reading
-    ranks in a pool of threads and processes then holds about a quarter more memory at its
-    peak, for no gain in speed (benchmarks/vs_hta.py). The choice is Arrow's environment
-    variable, read when Arrow first allocates: so only before pyarrow is imported, only where
-    its wheels always carry jemalloc (Linux on x86-64), and never over the user's own choice.
+    Arrow's default allocator, mimalloc, keeps what each thread freed for that thread: importing
+    profiler traces then peaks about a quarter higher than with jemalloc at the same speed
+    (docs/kineto.md). On dtprof's own traces mimalloc stays: there it is 10-15% faster
+    (benchmarks/analyze_scale.py). The choice is Arrow's environment variable, read when Arrow
+    first allocates: so only before pyarrow is imported, only where its wheels always carry
+    jemalloc (Linux on x86-64), and never over the user's own choice. It reaches the workers.
     """
-    if sys.platform == "linux" and platform.machine() == "x86_64" and "pyarrow" not in sys.modules:
-        os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "jemalloc")
+    if source is None or "pyarrow" in sys.modules:
+        return
+    if sys.platform != "linux" or platform.machine() != "x86_64":
+        return
+    try:
+        if os.path.isdir(source) and any(e.name.startswith("rank=") for e in os.scandir(source)):
+            return  # a dtprof trace
+    except OSError:
+        return  # the command says what is wrong with the path
+    os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "jemalloc")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        _lean_arrow_allocator()
+        _lean_arrow_allocator(getattr(args, "trace", None) or getattr(args, "source", None))
         return int(args.func(args))
     except DtprofError as exc:
         print(f"dtprof: error: {exc}", file=sys.stderr)

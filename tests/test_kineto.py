@@ -348,3 +348,28 @@ def test_v100_reference_matches_hta_050_run_here() -> None:
     row = gpu_rows(_reference("hta_v100_allreduce_1rank"))[1]
     assert (row["idle_pct"], row["compute_pct"], row["non_compute_pct"]) == (46.08, 35.55, 18.37)
     assert row["comm_overlap_pct"] == 0.0
+
+
+def test_profiler_traces_are_read_with_jemalloc_and_dtprof_traces_are_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import platform
+    import subprocess
+    import sys
+
+    if sys.platform != "linux" or platform.machine() != "x86_64":
+        pytest.skip("jemalloc is chosen on Linux x86-64 only")
+    monkeypatch.delenv("ARROW_DEFAULT_MEMORY_POOL", raising=False)
+    profiler = two_ranks(tmp_path / "k")
+    (tmp_path / "t" / "rank=00000").mkdir(parents=True)
+    probe = (
+        "import os, sys; from dtprof import cli; cli._lean_arrow_allocator(sys.argv[1]); "
+        "assert 'pyarrow' not in sys.modules; print(os.environ.get('ARROW_DEFAULT_MEMORY_POOL'))"
+    )
+    chosen = {
+        name: subprocess.run(
+            [sys.executable, "-c", probe, str(path)], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        for name, path in [("profiler", profiler), ("dtprof", tmp_path / "t")]
+    }
+    assert chosen == {"profiler": "jemalloc", "dtprof": "None"}
