@@ -285,6 +285,62 @@ def test_a_collective_one_rank_never_entered_is_a_hang(tmp_path: Path) -> None:
     assert ev["last_activity"] == {2: "region eval at step 3"}
 
 
+def _stuck_world(
+    trace: Path, ranks: list[int], world: int, group: tuple[str, list[int]], stuck: set[int]
+) -> None:
+    """Ranks that completed seq 0-3 of ``group``; those in ``stuck`` are in flight in seq 4."""
+    name, members = group
+    for rank in ranks:
+        done = [
+            (s, name, s, "all_reduce", 64, "float32", None, s * MS, s * MS + 10, False, None)
+            for s in range(4)
+            if rank in members
+        ]
+        tables = {
+            "collectives": done,
+            "steps": [(s, s * MS, (s + 1) * MS) for s in range(5)],
+            "groups": [("0", "gloo", list(range(world)))]
+            + ([(name, "gloo", members)] if rank in members and name != "0" else []),
+        }
+        meta = rank_meta(rank, world, status="running")
+        folder = write_rank(trace, meta, tables)  # type: ignore[arg-type]
+        inflight = [
+            {
+                "step": 4,
+                "group": name,
+                "seq": 4,
+                "op": "all_reduce",
+                "bytes": 64,
+                "dtype": "float32",
+                "peer": None,
+                "start_ns": 5 * MS,
+                "async_op": False,
+                "label": None,
+            }
+        ]
+        (folder / "inflight.json").write_text(json.dumps(inflight if rank in stuck else []))
+
+
+def test_ranks_that_wrote_no_trace_are_named_and_awaited(tmp_path: Path) -> None:
+    _stuck_world(tmp_path, [0, 1, 3], 4, ("0", [0, 1, 2, 3]), stuck={0, 1, 3})
+    report = analyze(tmp_path)
+    assert report.trace["ranks_without_trace"] == [2]
+    (gone,) = [f for f in report.findings if f.code == "rank-stopped" and f.first_step is None]
+    assert (gone.ranks, gone.severity) == ([2], "error") and "of 4 wrote no trace" in gone.message
+    (hang,) = [f for f in report.findings if f.code == "hang"]
+    assert hang.ranks == [2] and hang.evidence["joined"] == [0, 1, 3]
+    assert hang.evidence["last_activity"] == {2: "nothing: it wrote no trace"}
+    chosen = analyze(tmp_path, ranks=[0, 1])  # a rank not asked for is not looked for
+    assert chosen.trace["ranks_without_trace"] == []
+    assert not [f for f in chosen.findings if f.code == "rank-stopped" and f.first_step is None]
+
+
+def test_a_subgroup_hang_names_its_own_members_only(tmp_path: Path) -> None:
+    _stuck_world(tmp_path, [0, 1, 2, 3], 4, ("1", [0, 1]), stuck={0})
+    (hang,) = [f for f in analyze(tmp_path).findings if f.code == "hang"]
+    assert (hang.ranks, hang.evidence["group"], hang.evidence["joined"]) == ([1], "1", [0])
+
+
 def test_ranks_calling_different_collectives_is_a_hang(tmp_path: Path) -> None:
     for rank in range(3):
         op, size = ("broadcast", 64) if rank == 1 else ("all_reduce", 64)

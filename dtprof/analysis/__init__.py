@@ -7,6 +7,7 @@ import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -74,6 +75,7 @@ def analyze(
         raise DtprofError(f"{root}: none of the ranks {sorted(set(ranks or []))} is in this trace")
     read_s = time.monotonic() - started
     run = _window(combine(summaries), steps)
+    run = replace(run, without_trace=_without_trace(run, ranks))
     del summaries  # the per-rank tables: the combined ones replace them
     findings = [finding for check in CHECKS for finding in check(run)]
     if progress and time.monotonic() - started > PROGRESS_AFTER_S:
@@ -136,12 +138,28 @@ def _window(run: RunSummary, steps: tuple[int | None, int | None] | None) -> Run
     return run if steps is None else run.steps_between(*steps)
 
 
+def _without_trace(run: RunSummary, ranks: list[int] | None) -> list[int]:
+    """The ranks of the job (of those asked for, with --ranks) that wrote no trace at all.
+
+    Every rank creates its folder when dtprof.profile() starts, so such a rank never got there
+    or was killed within its first second. None for imported traces: profilers and Flight
+    Recorder dumps are often taken on a few ranks only.
+    """
+    if any("imported" in meta for meta in run.meta.values()):
+        return []
+    wanted = set(range(run.world_size))
+    if ranks is not None:
+        wanted &= set(ranks)
+    return sorted(wanted - set(run.ranks))
+
+
 def _trace_info(root: Path, run: RunSummary) -> dict[str, Any]:
     any_meta = next(iter(run.meta.values()))
     return {
         "path": str(root),
         "world_size": run.world_size,
         "ranks_analysed": run.ranks,
+        "ranks_without_trace": run.without_trace,
         "steps": int(run.steps["step"].nunique()) if not run.steps.empty else 0,
         "backend": any_meta.get("backend"),
         "model_kind": any_meta.get("model_kind"),

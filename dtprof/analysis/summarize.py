@@ -173,6 +173,7 @@ class RunSummary:
     last_span: pd.DataFrame
     groups: pd.DataFrame
     gpu: pd.DataFrame = field(default_factory=pd.DataFrame)  # per rank: gpu.gpu_figures()
+    without_trace: list[int] = field(default_factory=list)  # ranks of the job that wrote none
 
     @property
     def world_size(self) -> int:

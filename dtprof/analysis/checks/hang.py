@@ -1,12 +1,14 @@
 """hang: a collective some ranks entered and others never did, or ranks disagree on.
 
-Rule: (1) a collective on the whole world that is in flight on some ranks (inflight.json or a
-hang event) and that the other ranks neither have in flight nor completed: those ranks are
-missing, and their last recorded activity says what they were doing instead. (2) A completed
-collective whose op or bytes differ between ranks at the same (group, seq): the ranks called
-different collectives, which hangs or corrupts data (all-to-all compares the op only: uneven
-splits differ in size by design; imported traces without seq numbers are not compared: a
-count of calls shifts when profiled windows start apart). Both are errors.
+Rule: (1) a collective in flight on some ranks (inflight.json or a hang event) that the
+group's other ranks neither have in flight nor completed: those ranks are missing, and their
+last recorded activity says what they were doing instead. The group's ranks: the whole job
+for a group as large as it (ranks that wrote no trace at all among them), else the ranks seen
+using the group. (2) A completed collective whose op or bytes differ between ranks at the same
+(group, seq): the ranks called different collectives, which hangs or corrupts data
+(all-to-all compares the op only: uneven splits differ in size by design; imported traces
+without seq numbers are not compared: a count of calls shifts when profiled windows start
+apart). Both are errors.
 """
 
 from __future__ import annotations
@@ -50,10 +52,10 @@ def _missing(run: RunSummary) -> list[Finding]:
     findings = []
     for (group, seq), rows in entered.groupby(["group", "seq"]):
         joined = set(int(r) for r in rows["rank"])
-        completed = set(
-            int(r) for r in done[(done["group"] == group) & (done["seq"] == seq)]["rank"]
-        )
-        missing = [r for r in run.ranks if r not in joined | completed]
+        in_group = done[done["group"] == group]
+        completed = set(int(r) for r in in_group[in_group["seq"] == seq]["rank"])
+        expected = _expected(run, str(group), set(in_group["rank"].tolist()) | joined)
+        missing = [r for r in expected if r not in joined | completed]
         if not missing:
             continue
         op = str(rows["op"].iloc[0])
@@ -90,9 +92,21 @@ def _missing(run: RunSummary) -> list[Finding]:
     return findings
 
 
+def _expected(run: RunSummary, group: str, seen: set[int]) -> list[int]:
+    """The ranks that should join a collective of this group: every rank of the job (those
+    without a trace too) for a group as large as the job; for a smaller one, the ranks seen
+    using it (which ranks a subgroup holds is not recorded beyond its size)."""
+    sizes = dict(zip(run.groups["group"].astype(str), run.groups["size"], strict=True))
+    if int(sizes.get(group, run.world_size)) >= run.world_size:
+        return sorted(run.ranks + run.without_trace)
+    return sorted(int(r) for r in seen)
+
+
 def _last_activity(run: RunSummary, rank: int) -> str:
     """A rank's last span or region; without any (no hooks, imported dumps), its last
     completed collective and where it was called from."""
+    if rank in run.without_trace:
+        return "nothing: it wrote no trace"
     last = run.last_span[run.last_span["rank"] == rank]
     if len(last):
         return f"{last['kind'].iloc[0]} {last['name'].iloc[0]} at step {int(last['step'].iloc[0])}"

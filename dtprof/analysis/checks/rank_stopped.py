@@ -3,6 +3,7 @@
 Rule: a rank whose last recorded step is at least 2 steps behind the furthest rank, or whose
 metadata says it did not finish cleanly (killed: status still "running" after the others
 finished; "raised ..."; "recording stopped: ..."). An error; the rest is analysed as usual.
+Ranks of the job that wrote no trace at all (RunSummary.without_trace) are one error together.
 A rank that raised from a collective that failed (a peer gone) while another rank stopped for
 its own reason is a consequence: one warning for all of those, naming the ranks they followed.
 """
@@ -33,10 +34,11 @@ def check(run: RunSummary) -> list[Finding]:
             stopped[rank] = rank_last
     failed = set(_failed_collectives(run.collectives)["rank"].tolist())
     followers = {r for r in stopped if statuses[r].startswith("raised") and r in failed}
-    causes = sorted(set(stopped) - followers)
+    causes = sorted((set(stopped) - followers) | set(run.without_trace))
     if not causes:
         followers = set()
-    findings = [_stopped(r, stopped[r], furthest, statuses[r]) for r in causes]
+    findings = [_without_trace(run)] if run.without_trace else []
+    findings += [_stopped(r, stopped[r], furthest, statuses[r]) for r in causes if r in stopped]
     if followers:
         findings.append(_followed(sorted(followers), causes, stopped, statuses))
     return findings
@@ -49,6 +51,26 @@ def _failed_collectives(collectives: pd.DataFrame) -> pd.DataFrame:
         bad = [c for c in labels.cat.categories if str(c).endswith(";error")]
         return collectives[labels.isin(bad)]
     return collectives[labels.astype("string").str.endswith(";error", na=False)]
+
+
+def _without_trace(run: RunSummary) -> Finding:
+    ranks = run.without_trace
+    return Finding(
+        code="rank-stopped",
+        severity="error",
+        ranks=ranks,
+        first_step=None,
+        last_step=None,
+        message=(
+            f"rank(s) {', '.join(map(str, ranks))} of {run.world_size} wrote no trace at all: "
+            "they never reached dtprof.profile(), or were killed within their first second"
+        ),
+        suggestion=(
+            "read those ranks' logs from the start (an import or CUDA error, a node that never "
+            "came up, a launcher that started fewer processes); check the trace path they wrote to"
+        ),
+        evidence={"without_trace": ranks, "world_size": run.world_size},
+    )
 
 
 def _stopped(rank: int, rank_last: int, furthest: int, status: str) -> Finding:
