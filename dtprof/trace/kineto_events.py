@@ -7,12 +7,12 @@ are not tracked by the cyclic garbage collector.
 
 Two ways to a file's chunks, the same records either way:
 
-- :func:`stream`, for files laid out as the profiler writes them (events separated by a comma
-  and a line break): the file is read a buffer at a time (gunzipped on the fly) and the events
-  up to the last separator in the buffer are decoded straight from it. A raw line break never
-  occurs inside a JSON string, so such a separator lies between two objects; if they are not
-  two events, the cut yields invalid JSON and the file is read the other way instead. The
-  whole text is never held, nor a list of every event.
+- :func:`stream`, for files whose events are objects separated by commas (as the profiler
+  writes them, one after another, or all on one line): the file is read a buffer at a time
+  (gunzipped on the fly) and the events up to the last ``}`` ``,`` ``{`` in the buffer are
+  decoded straight from it. Decoding starts where an event starts, so a cut anywhere but
+  between two events leaves an unterminated string or an unclosed object: invalid JSON, and the
+  file is then read the other way. The whole text is never held, nor a list of every event.
 - :func:`decode` + :func:`chunks`, for any other layout: msgspec reads the whole text once to
   find the header and each event's extent (``traceEvents`` as raw JSON, pointing into the
   text), then decodes the events CHUNK_EVENTS at a time. This way also gives the precise
@@ -83,8 +83,8 @@ _TRACE = msgspec.json.Decoder(_Trace)
 _EVENTS = msgspec.json.Decoder(list[Event])
 _ARG_NAMES = tuple(f.encode_name for f in msgspec.structs.fields(Args))
 _CHUNK_INDEX = re.compile(r"`\$\[(\d+)\]")
-_EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
-_BETWEEN = re.compile(rb"\}[ \t\r]*,[ \t\r]*\n[ \t\r\n]*\{")  # a line break: not in a string
+_EVENTS_KEY = re.compile(rb'[{,]\s*"traceEvents"\s*:\s*\[')  # where a key of the document can be
+_BETWEEN = re.compile(rb"\}\s*,\s*\{")  # between two events, or somewhere else: see stream()
 
 
 def args_dict(args: Any) -> dict[str, Any]:
@@ -165,8 +165,9 @@ class Unstreamable(Exception):
 def stream(path: Path, header: dict[str, Any]) -> Iterator[list[Event]]:
     """The events as records, a buffer of the file at a time; fills ``header`` on the way.
 
-    Raises Unstreamable (maybe after some chunks) where the file is not laid out as the
-    profiler writes it, is not valid, or cannot be read: :func:`decode` then says what is wrong.
+    Raises Unstreamable (maybe after some chunks) where a cut fell inside an event, an event
+    outgrows the buffer, or the file is not valid or cannot be read: :func:`decode` then reads
+    it whole and says what is wrong, if anything.
     """
     try:
         with open(path, "rb") as raw:
@@ -183,12 +184,13 @@ def _stream(source: Any, header: dict[str, Any]) -> Iterator[list[Event]]:
     found = _EVENTS_KEY.search(buf, 0, filled)
     if found is None:
         raise Unstreamable("no traceEvents list in the first buffer")
-    header.update(_header(_TRACE.decode(bytes(buf[: found.start()]) + b'"traceEvents": []}')))
+    prefix = bytes(buf[: found.start() + 1])  # up to the "{" or "," before the key
+    header.update(_header(_TRACE.decode(prefix + b'"traceEvents": []}')))
     lo = found.end() - 1  # buf[lo] is the "[" that opens the chunk's array
     while filled == len(buf):  # until the end of the file is in the buffer
         cut = _last_between(buf, lo + 1, filled)
         if cut is None:
-            raise Unstreamable("no line break between events in a buffer")
+            raise Unstreamable("no event ends in a buffer")
         end, following = cut
         buf[end] = ord("]")  # the chunk's events as one JSON array, decoded in place
         yield _EVENTS.decode(memoryview(buf)[lo : end + 1])
