@@ -247,6 +247,22 @@ def test_memory_that_keeps_growing_is_flagged_a_plateau_is_not(
         assert report.findings[0].evidence["metric"] == "rss_bytes"
 
 
+def _in_flight(group: str, seq: int) -> dict[str, object]:
+    """One inflight.json row: an all-reduce of step ``seq`` entered at (seq + 1) ms."""
+    return {
+        "step": seq,
+        "group": group,
+        "seq": seq,
+        "op": "all_reduce",
+        "bytes": 64,
+        "dtype": "float32",
+        "peer": None,
+        "start_ns": (seq + 1) * MS,
+        "async_op": False,
+        "label": None,
+    }
+
+
 def test_a_collective_one_rank_never_entered_is_a_hang(tmp_path: Path) -> None:
     import json as _json
 
@@ -259,24 +275,7 @@ def test_a_collective_one_rank_never_entered_is_a_hang(tmp_path: Path) -> None:
         folder = write_rank(
             tmp_path, rank_meta(rank, 3, status="running"), {"collectives": done, "spans": spans}
         )
-        stuck = (
-            [
-                {
-                    "step": 4,
-                    "group": "0",
-                    "seq": 4,
-                    "op": "all_reduce",
-                    "bytes": 64,
-                    "dtype": "float32",
-                    "peer": None,
-                    "start_ns": 5 * MS,
-                    "async_op": False,
-                    "label": None,
-                }
-            ]
-            if rank != 2
-            else []
-        )
+        stuck = [_in_flight("0", 4)] if rank != 2 else []
         (folder / "inflight.json").write_text(_json.dumps(stuck))
     (finding,) = [f for f in analyze(tmp_path).findings if f.code == "hang"]
     assert finding.ranks == [2]
@@ -304,21 +303,8 @@ def _stuck_world(
         }
         meta = rank_meta(rank, world, status="running")
         folder = write_rank(trace, meta, tables)  # type: ignore[arg-type]
-        inflight = [
-            {
-                "step": 4,
-                "group": name,
-                "seq": 4,
-                "op": "all_reduce",
-                "bytes": 64,
-                "dtype": "float32",
-                "peer": None,
-                "start_ns": 5 * MS,
-                "async_op": False,
-                "label": None,
-            }
-        ]
-        (folder / "inflight.json").write_text(json.dumps(inflight if rank in stuck else []))
+        inflight = [_in_flight(name, 4)] if rank in stuck else []
+        (folder / "inflight.json").write_text(json.dumps(inflight))
 
 
 def test_ranks_that_wrote_no_trace_are_named_and_awaited(tmp_path: Path) -> None:
