@@ -182,3 +182,20 @@ def test_a_flight_recorder_dump_with_any_value_anywhere(
                 data = pickle.dumps(dump)
             (folder / f"fr_rank_{rank}").write_bytes(data)
         _reads_or_refuses(folder)
+
+
+@FUZZ
+@given(
+    how=st.sampled_from(["truncate", "overwrite", "replace"]),
+    at=st.floats(0, 1),
+    noise=st.binary(min_size=1, max_size=64),
+)
+def test_a_damaged_flight_recorder_pickle(how: str, at: float, noise: bytes) -> None:
+    dump = {"version": "2.10", "entries": [fr_entry(s, frames=[]) for s in (1, 2, 3)]}
+    with _workdir() as tmp:
+        folder = tmp / "fr"
+        folder.mkdir()
+        data = pickle.dumps(dump, protocol=4)
+        (folder / "fr_rank_0").write_bytes(data)
+        (folder / "fr_rank_1").write_bytes(b"\x80\x04" + _mutate(data[2:], how, at, noise))
+        _reads_or_refuses(folder)

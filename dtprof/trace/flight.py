@@ -120,10 +120,13 @@ def read_dump(path: Path) -> dict[str, Any]:
         dump = _PlainUnpickler(io.BytesIO(data)).load() if pickled else json.loads(data)
     except RecursionError:
         raise DtprofError(f"{path}: nested too deeply to be a Flight Recorder dump") from None
-    except (pickle.UnpicklingError, ValueError, EOFError, TypeError, IndexError, KeyError) as e:
-        raise DtprofError(f"{path}: not a readable Flight Recorder dump ({e})") from None
-    except MemoryError:
-        raise DtprofError(f"{path}: too large to read") from None
+    except MemoryError:  # a length in the file far beyond the file: garbage, not a dump
+        raise DtprofError(
+            f"{path}: not a readable Flight Recorder dump (it declares more data than memory holds)"
+        ) from None
+    except Exception as e:  # damaged opcodes raise anything (AttributeError, SystemError, ...)
+        said = " ".join(str(e).split())  # one line
+        raise DtprofError(f"{path}: not a readable Flight Recorder dump ({said})") from None
     if not isinstance(dump, dict) or not isinstance(dump.get("entries", []), list):
         raise DtprofError(f"{path}: not a Flight Recorder dump (no list of entries)")
     return dump
