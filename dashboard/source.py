@@ -24,7 +24,7 @@ from dashboard.rundata import RunData, empty, samples_frame, steps_only
 from dtprof.analysis import map_ranks
 from dtprof.analysis.checks import CHECKS
 from dtprof.analysis.report import Finding
-from dtprof.analysis.summarize import RunSummary, combine
+from dtprof.analysis.summarize import RunSummary, combine, ranks_without_trace
 from dtprof.errors import DtprofError
 from dtprof.trace.follow import Delta, TraceFollower
 
@@ -119,6 +119,7 @@ class LiveSource:
                 self._load(sorted(self.meta))
                 self.loaded = True
             run = combine([h.summary for _, h in sorted(self.held.items())])
+            run = replace(run, without_trace=ranks_without_trace(run))
             self.held = rebase(self.held, run)  # each rank's rows once: views of the run's
             release_memory()
             data = RunData(run=run, samples=self._samples(), rows=self._rows())

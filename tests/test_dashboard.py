@@ -246,6 +246,25 @@ def test_live_source_picks_up_new_steps_without_rereading(tmp_path: Path) -> Non
     assert overview.headline(snap.data)["steps"] == 4
 
 
+def test_live_source_names_a_rank_without_a_trace_until_it_writes(tmp_path: Path) -> None:
+    first = _writer(tmp_path, 0)
+    for s in range(3):
+        _step(first, s)
+    source = LiveSource(tmp_path)
+    while source.refresh() and not source.snapshot().complete:
+        pass
+
+    def absent() -> list[list[int]]:
+        found = source.snapshot().findings
+        return [f.ranks for f in found if f.code == "rank-stopped" and f.first_step is None]
+
+    assert absent() == [[1]]
+    second = _writer(tmp_path, 1)
+    for s in range(3):
+        _step(second, s)
+    assert source.refresh() and absent() == []
+
+
 def test_live_source_thread_publishes_snapshots(tmp_path: Path) -> None:
     w = _writer(tmp_path, 0)
     _step(w, 0)

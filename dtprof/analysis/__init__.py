@@ -21,6 +21,7 @@ from dtprof.analysis.summarize import (
     RankSummary,
     RunSummary,
     combine,
+    ranks_without_trace,
     summarize_rank,
     summarize_ranks,
 )
@@ -75,7 +76,7 @@ def analyze(
         raise DtprofError(f"{root}: none of the ranks {sorted(set(ranks or []))} is in this trace")
     read_s = time.monotonic() - started
     run = _window(combine(summaries), steps)
-    run = replace(run, without_trace=_without_trace(run, ranks))
+    run = replace(run, without_trace=ranks_without_trace(run, ranks))
     del summaries  # the per-rank tables: the combined ones replace them
     findings = [finding for check in CHECKS for finding in check(run)]
     if progress and time.monotonic() - started > PROGRESS_AFTER_S:
@@ -136,21 +137,6 @@ def map_ranks(
 
 def _window(run: RunSummary, steps: tuple[int | None, int | None] | None) -> RunSummary:
     return run if steps is None else run.steps_between(*steps)
-
-
-def _without_trace(run: RunSummary, ranks: list[int] | None) -> list[int]:
-    """The ranks of the job (of those asked for, with --ranks) that wrote no trace at all.
-
-    Every rank creates its folder when dtprof.profile() starts, so such a rank never got there
-    or was killed within its first second. None for imported traces: profilers and Flight
-    Recorder dumps are often taken on a few ranks only.
-    """
-    if any("imported" in meta for meta in run.meta.values()):
-        return []
-    wanted = set(range(run.world_size))
-    if ranks is not None:
-        wanted &= set(ranks)
-    return sorted(wanted - set(run.ranks))
 
 
 def _trace_info(root: Path, run: RunSummary) -> dict[str, Any]:

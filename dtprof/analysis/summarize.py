@@ -210,6 +210,21 @@ class RunSummary:
         )
 
 
+def ranks_without_trace(run: RunSummary, ranks: Sequence[int] | None = None) -> list[int]:
+    """The ranks of the job (of ``ranks``, when given) that wrote no trace at all.
+
+    Every rank creates its folder when dtprof.profile() starts, so such a rank never got there
+    or was killed within its first second. None for imported traces: profilers and Flight
+    Recorder dumps are often taken on a few ranks only.
+    """
+    if any("imported" in meta for meta in run.meta.values()):
+        return []
+    wanted = set(range(run.world_size))
+    if ranks is not None:
+        wanted &= set(ranks)
+    return sorted(wanted - set(run.ranks))
+
+
 def _concat_column(parts: list[pd.Series]) -> Any:
     """One column of every rank's frame, concatenated at the array level where it can be."""
     dtype = parts[0].dtype
