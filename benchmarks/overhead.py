@@ -9,7 +9,9 @@ registered on). A step's wall time is the mean over ranks; its CPU time is that 
 process (every thread, dtprof's writer included), the steadier figure where other jobs share
 the machine. The first step of each block is dropped. Then tiny synchronous collectives are
 timed with and without dtprof on all ranks, interleaved, and dtprof's wrapper against the
-function it wraps in one process on a one-rank group. Progress goes to stderr, the table to
+function it wraps in one process on a one-rank group, and a whole training step alone on a
+one-rank group (bare, PyTorch's Python DDP comm hook, dtprof): the precise per-step costs,
+free of the N ranks' scheduling noise. Progress goes to stderr, the table to
 stdout; trace folders are temporary and removed at the end.
 """
 
@@ -106,23 +108,10 @@ def _log(message: str) -> None:
 def _measure(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
-    from torch import nn
-    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-    from torch.nn.parallel import DistributedDataParallel as DDP
 
     rank, modes = dist.get_rank(), args.modes
-    replicas = {}
-    for mode in modes:  # one replica per mode: dtprof's DDP comm hook stays on its model
-        torch.manual_seed(0)
-        layers: list[nn.Module] = []
-        for _ in range(args.depth):
-            layers += [nn.Linear(args.width, args.width), nn.ReLU()]
-        model = DDP(nn.Sequential(*layers, nn.Linear(args.width, CLASSES)))
-        if mode == "ddp-hook":
-            model.register_comm_hook(None, allreduce_hook)
-        elif mode == "ddp-builtin-hook":
-            model._register_builtin_comm_hook(dist.BuiltinCommHookType.ALLREDUCE)
-        replicas[mode] = (model, torch.optim.SGD(model.parameters(), lr=0.01))
+    # one replica per mode: dtprof's DDP comm hook stays on its model
+    replicas = {mode: _replica(args, mode) for mode in modes}
     gen = torch.Generator().manual_seed(rank)
 
     def block(mode: str, steps: int, name: str) -> tuple[list[int], list[int], Any]:
@@ -162,13 +151,80 @@ def _measure(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     collectives = _collectives(args, root)
     _log("dtprof's wrapper alone: one process, one-rank group")
     alone = _wrapper_alone(root)
-    return {"wall": wall, "cpu": cpu, "sizes": sizes, "collectives": collectives, "alone": alone}
+    _log("a training step alone: one process, one-rank group")
+    steps_alone = _steps_alone(args, root)
+    return {
+        "wall": wall,
+        "cpu": cpu,
+        "sizes": sizes,
+        "collectives": collectives,
+        "alone": alone,
+        "steps_alone": steps_alone,
+    }
+
+
+ALONE_MODES = ("bare", "ddp-hook", "dtprof")
+
+
+def _replica(args: argparse.Namespace, mode: str, group: Any = None) -> tuple[Any, Any]:
+    """The mode's DDP model (on ``group``, default the world) and its optimizer."""
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(0)
+    layers: list[nn.Module] = []
+    for _ in range(args.depth):
+        layers += [nn.Linear(args.width, args.width), nn.ReLU()]
+    model = DDP(nn.Sequential(*layers, nn.Linear(args.width, CLASSES)), process_group=group)
+    if mode == "ddp-hook":
+        model.register_comm_hook(model.process_group, allreduce_hook)
+    elif mode == "ddp-builtin-hook":
+        model._register_builtin_comm_hook(dist.BuiltinCommHookType.ALLREDUCE)
+    return model, torch.optim.SGD(model.parameters(), lr=0.01)
+
+
+def _steps_alone(args: argparse.Namespace, root: Path) -> dict[str, list[list[int]]]:
+    """On rank 0 while the others wait: per-step wall ns of the same training step on a
+    one-rank group (no other rank to share the CPUs with or wait for), bare, with PyTorch's
+    Python DDP comm hook and with dtprof, in alternating blocks: the precise per-step cost."""
+    import torch
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    groups = [dist.new_group([r]) for r in range(dist.get_world_size())]  # all ranks make all
+    out: dict[str, list[list[int]]] = {}
+    if rank == 0:
+        replicas = {mode: _replica(args, mode, groups[0]) for mode in ALONE_MODES}
+        gen = torch.Generator().manual_seed(0)
+        out = {mode: [] for mode in ALONE_MODES}
+        for r in range(2 * args.rounds + 1):  # round 0 is a warm-up
+            for mode in ALONE_MODES[r % 3 :] + ALONE_MODES[: r % 3]:
+                wall, _, _ = _train(
+                    mode, *replicas[mode], gen, args, args.steps + 1, root / f"alone-{r}-{mode}",
+                    group=groups[0],
+                )  # fmt: skip
+                if r:
+                    out[mode].append(wall[1:])
+    dist.barrier()
+    return out
 
 
 def _train(
-    mode: str, model: Any, opt: Any, gen: Any, args: argparse.Namespace, steps: int, trace: Path
+    mode: str,
+    model: Any,
+    opt: Any,
+    gen: Any,
+    args: argparse.Namespace,
+    steps: int,
+    trace: Path,
+    group: Any = None,
 ) -> tuple[list[int], list[int], Any]:
-    """``steps`` training steps in ``mode``: each step's wall and CPU ns, and the profiler."""
+    """``steps`` training steps in ``mode``: each step's wall and CPU ns, and the profiler.
+    Ranks start together on ``group`` (default the world); on a group of one rank dtprof
+    does not synchronize clocks, which would take the whole world."""
     import torch
     import torch.distributed as dist
     from torch import nn
@@ -185,14 +241,15 @@ def _train(
             fingerprint_every=0 if mode == "dtprof-nofp" else args.fingerprint_every,
             ddp_buckets=mode != "dtprof-nobuckets",
             hang_timeout_s=60,
+            clock_sync=group is None,
         )
     elif mode == "torch.profiler":
         ctx = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
     recorded = mode.startswith("dtprof")
     wall, cpu = [], []
-    dist.barrier()
+    dist.barrier(group=group)
     with ctx as prof:
-        dist.barrier()  # every rank starts measuring together, after the profiler's start
+        dist.barrier(group=group)  # every rank starts measuring together, after its start
         last, last_cpu = time.perf_counter_ns(), time.process_time_ns()
         for _ in range(steps):
             with prof.region("data") if recorded else contextlib.nullcontext():
@@ -399,6 +456,7 @@ def report(args: argparse.Namespace, ranks: list[dict[str, Any]]) -> tuple[str, 
             f"  {name:<23} the wrapper alone, 1 process: {med(diffs) / 1e3:+6.2f} us"
             f" [p10 {_decile(diffs, 1) / 1e3:+.2f}, p90 {_decile(diffs, 9) / 1e3:+.2f}]"
         )
+    lines += _steps_alone_lines(ranks[0]["steps_alone"], med(flat_bare))
     sizes = [r["sizes"] for r in ranks]
     parts = {k: statistics.mean(s["long_parts"][k] for s in sizes) for k in sizes[0]["long_parts"]}
     long_b, block_b = sum(parts.values()), statistics.mean(s["block_bytes"] for s in sizes)
@@ -423,6 +481,33 @@ def report(args: argparse.Namespace, ranks: list[dict[str, Any]]) -> tuple[str, 
         f"<= {NOISY_GOAL} on a noisy machine {noisy} (CPU per step: {cpu_ratios['dtprof']:.3f})",
     ]
     return "\n".join(lines), ratios["dtprof"]
+
+
+def _steps_alone_lines(alone: dict[str, list[list[int]]], step_ms: float) -> list[str]:
+    """Per-step cost in one process: each mode's median over bare's, per round, then the
+    median of those rounds; and what that is of the N-rank job's median step."""
+    med = statistics.median
+
+    def cost(mode: str, base: str) -> list[float]:
+        return [(med(a) - med(b)) / 1e3 for a, b in zip(alone[mode], alone[base], strict=True)]
+
+    bare_ms = med(t for rnd in alone["bare"] for t in rnd) / 1e6
+    lines = [
+        "",
+        f"cost per training step alone (1 process, one-rank group, {len(alone['bare'])} rounds;"
+        f" bare step {bare_ms:.2f} ms; % of the {step_ms:.2f} ms step of the job above):",
+    ]
+    for mode, base, what in (
+        ("ddp-hook", "bare", "PyTorch's Python DDP comm hook (no recording)"),
+        ("dtprof", "bare", "dtprof, everything on"),
+        ("dtprof", "ddp-hook", "dtprof beyond the comm hook: its recording"),
+    ):
+        us = cost(mode, base)
+        lines.append(
+            f"  {what:<46} {med(us):+7.1f} us [p10 {_decile(us, 1):+.1f}, p90"
+            f" {_decile(us, 9):+.1f}] = {med(us) / 10 / step_ms:+.2f}%"
+        )
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
