@@ -69,6 +69,10 @@ def test_ddp_steps_buckets_sequence_numbers_clocks_fingerprints(tmp_path: Path) 
     assert trace.scalars.groupby("rank").size().tolist() == [steps] * world
     assert set(trace.ranks["model_kind"]) == {"ddp"}
 
+    # recording changed no bit of the training: a replica without dtprof (nor any comm hook)
+    # ends with the same parameters, in a world of 3 where x / 3 and x * (1 / 3) can differ
+    assert [(tmp_path / f"bare-equal-{r}").read_text() for r in range(world)] == ["True"] * world
+
 
 def test_every_api_op_is_recorded_with_matching_sequence_numbers(run_job) -> None:
     trace = dtprof.load_trace(run_job("all-ops", 2))

@@ -3,8 +3,8 @@
 Each call records op, group, per-group sequence number, bytes, dtype, peer, entry time and
 completion time. Synchronous calls complete when they return; async ones when their future
 completes (a ``then`` callback, no synchronization), or, for gloo p2p works that have no
-future, when ``wait()`` returns. DDP's gradient buckets are reduced by C++, so a DDP comm hook
-that calls the stock ``allreduce_hook`` routes them through the same wrapper.
+future, when ``wait()`` returns. DDP's gradient buckets are reduced by C++, so dtprof's DDP
+comm hook (``ddp_bucket_hook``) records them, keeping DDP's arithmetic to the bit.
 """
 
 from __future__ import annotations
@@ -289,9 +289,7 @@ class CommRecorder:
         """The body of ddp_bucket_hook while recording."""
         assert self._all_reduce is not None
         call = self._all_reduce[1]
-        group = group if group is not None else c10d._get_default_group()
-        tensor = bucket.buffer()
-        tensor.div_(group.size())
+        group, tensor = _scaled_bucket(group, bucket)
         token = None
         _tls.label = f"ddp.bucket{bucket.index()}"
         try:
@@ -352,15 +350,28 @@ def install(prof: Profiler) -> CommRecorder:
 
 
 def ddp_bucket_hook(state: Any, bucket: Any) -> torch.futures.Future[torch.Tensor]:
-    """DDP comm hook with the stock ``allreduce_hook`` semantics (divide by the group size,
-    all-reduce, return the bucket) that records each bucket's all-reduce, labelled
+    """DDP comm hook with DDP's own arithmetic (scale by 1 / group size as DDP does without a
+    hook, all-reduce, return the bucket) that records each bucket's all-reduce, labelled
     ``ddp.bucketN``, completing in the one callback DDP needs anyway."""
     recorder = _active
     if recorder is None or not recorder.enabled or recorder._all_reduce is None:
-        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-
-        return allreduce_hook(state, bucket)
+        group, tensor = _scaled_bucket(state, bucket)  # after recording: DDP's arithmetic still
+        return group.allreduce([tensor]).get_future().then(_first_tensor)
     return recorder.bucket_all_reduce(state, bucket)
+
+
+def _scaled_bucket(group: Any, bucket: Any) -> tuple[Any, torch.Tensor]:
+    """The bucket's group (None: the default one) and its buffer scaled as DDP scales it
+    without a hook: times 1 / size, which x / size is not always to the last bit (size 3).
+    So a model with this hook trains bit-identically to one without."""
+    group = group if group is not None else c10d._get_default_group()
+    tensor = bucket.buffer()
+    tensor.mul_(1.0 / group.size())
+    return group, tensor
+
+
+def _first_tensor(future: Any) -> torch.Tensor:
+    return future.value()[0]
 
 
 # DDP checks the hook's annotations at registration; this module's are strings.

@@ -1,11 +1,16 @@
 """A DDP job with small buckets (several per step), for the integration tests.
 
+Beside the recorded model, a second replica trains on the same batches without dtprof (its
+DDP has no comm hook); each rank writes ``bare-equal-RANK`` beside the trace: whether the two
+ended bit-identical, i.e. whether recording changed the training's arithmetic.
+
 Usage (one process per rank, torchrun-style environment): ddp_buckets.py TRACE STEPS
 """
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -15,14 +20,19 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import dtprof
 
 
+def replica() -> tuple[DDP, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = DDP(nn.Sequential(*[nn.Linear(128, 128) for _ in range(6)]), bucket_cap_mb=0.1)
+    return model, torch.optim.SGD(model.parameters(), lr=0.01)
+
+
 def main() -> None:
     trace, steps = sys.argv[1], int(sys.argv[2])
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    torch.manual_seed(0)
-    model = DDP(nn.Sequential(*[nn.Linear(128, 128) for _ in range(6)]), bucket_cap_mb=0.1)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    model, opt = replica()
+    bare, bare_opt = replica()
     with dtprof.profile(trace, model=model, optimizer=opt, fingerprint_every=1) as prof:
         for step in range(steps):
             with prof.region("data"):
@@ -33,6 +43,12 @@ def main() -> None:
             opt.step()
             prof.log(loss=loss)
             prof.step()
+            bare_opt.zero_grad()
+            bare(x).square().mean().backward()
+            bare_opt.step()
+    pairs = zip(model.parameters(), bare.parameters(), strict=True)
+    equal = all(torch.equal(a, b) for a, b in pairs)
+    (Path(trace).parent / f"bare-equal-{rank}").write_text(str(equal))
     dist.barrier()
     dist.destroy_process_group()
 
