@@ -70,7 +70,9 @@ def test_ddp_steps_buckets_sequence_numbers_clocks_fingerprints(tmp_path: Path) 
     assert set(trace.ranks["model_kind"]) == {"ddp"}
 
     # recording changed no bit of the training: a replica without dtprof (nor any comm hook)
-    # ends with the same parameters, in a world of 3 where x / 3 and x * (1 / 3) can differ
+    # ends with the same parameters, in a world of 3 where x / 3 and x * (1 / 3) can differ,
+    # through steps where DDP multiplies (copies into buckets) and divides (bucket views), and
+    # after recording ends
     assert [(tmp_path / f"bare-equal-{r}").read_text() for r in range(world)] == ["True"] * world
 
 

@@ -4,7 +4,7 @@ Each call records op, group, per-group sequence number, bytes, dtype, peer, entr
 completion time. Synchronous calls complete when they return; async ones when their future
 completes (a ``then`` callback, no synchronization), or, for gloo p2p works that have no
 future, when ``wait()`` returns. DDP's gradient buckets are reduced by C++, so dtprof's DDP
-comm hook (``ddp_bucket_hook``) records them, keeping DDP's arithmetic to the bit.
+comm hook (``ddp_hook.ddp_bucket_hook``) records them, keeping DDP's arithmetic to the bit.
 """
 
 from __future__ import annotations
@@ -285,13 +285,14 @@ class CommRecorder:
             label = f"{label};error" if label else "error"
         self.out.append((*record[:7], record[7], end, record[8], label))
 
-    def bucket_all_reduce(self, group: Any, bucket: Any) -> torch.futures.Future[torch.Tensor]:
-        """The body of ddp_bucket_hook while recording."""
+    def bucket_all_reduce(
+        self, group: Any, tensor: torch.Tensor, index: int
+    ) -> torch.futures.Future[torch.Tensor]:
+        """All-reduce a DDP bucket already scaled as DDP scales it, recorded as ddp.bucketN."""
         assert self._all_reduce is not None
         call = self._all_reduce[1]
-        group, tensor = _scaled_bucket(group, bucket)
         token = None
-        _tls.label = f"ddp.bucket{bucket.index()}"
+        _tls.label = f"ddp.bucket{index}"
         try:
             token = self._enter(call, (tensor,), {"group": group, "async_op": True})
         except Exception as exc:
@@ -348,38 +349,6 @@ def install(prof: Profiler) -> CommRecorder:
     _active = recorder
     return recorder
 
-
-def ddp_bucket_hook(state: Any, bucket: Any) -> torch.futures.Future[torch.Tensor]:
-    """DDP comm hook with DDP's own arithmetic (scale by 1 / group size as DDP does without a
-    hook, all-reduce, return the bucket) that records each bucket's all-reduce, labelled
-    ``ddp.bucketN``, completing in the one callback DDP needs anyway."""
-    recorder = _active
-    if recorder is None or not recorder.enabled or recorder._all_reduce is None:
-        group, tensor = _scaled_bucket(state, bucket)  # after recording: DDP's arithmetic still
-        return group.allreduce([tensor]).get_future().then(_first_tensor)
-    return recorder.bucket_all_reduce(state, bucket)
-
-
-def _scaled_bucket(group: Any, bucket: Any) -> tuple[Any, torch.Tensor]:
-    """The bucket's group (None: the default one) and its buffer scaled as DDP scales it
-    without a hook: times 1 / size, which x / size is not always to the last bit (size 3).
-    So a model with this hook trains bit-identically to one without."""
-    group = group if group is not None else c10d._get_default_group()
-    tensor = bucket.buffer()
-    tensor.mul_(1.0 / group.size())
-    return group, tensor
-
-
-def _first_tensor(future: Any) -> torch.Tensor:
-    return future.value()[0]
-
-
-# DDP checks the hook's annotations at registration; this module's are strings.
-ddp_bucket_hook.__annotations__ = {
-    "state": object,
-    "bucket": dist.GradBucket,
-    "return": torch.futures.Future[torch.Tensor],
-}
 
 _TIMED_WORK: type | None = None
 

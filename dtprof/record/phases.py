@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils._pytree import tree_leaves
 
-from dtprof.record import comms
+from dtprof.record import ddp_hook
 
 if TYPE_CHECKING:
     from dtprof.record.profiler import Profiler
@@ -61,7 +61,7 @@ class PhaseHooks:
             self.ddp_buckets = True
             return
         try:
-            model.register_comm_hook(model.process_group, comms.ddp_bucket_hook)
+            ddp_hook.install(model)
         except Exception as exc:
             # A comm hook of the user's own: keep it. Its collectives are still recorded
             # if it calls torch.distributed's Python API.

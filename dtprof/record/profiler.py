@@ -47,9 +47,9 @@ def profile(
     buckets); ``pipeline`` is a torch.distributed.pipelining schedule whose actions are
     recorded; ``fingerprint_every`` records parameter fingerprints every N steps (0: off);
     ``hang_timeout_s`` records a collective in flight longer than that, with every thread's
-    stack. ``ddp_buckets`` records a DDP model's gradient buckets through a comm hook with the
-    stock all-reduce semantics (on CPU/gloo any comm hook costs a pass over the gradients,
-    which DDP otherwise fuses into its copy). Buffers reach the disk every ``flush_interval_s``;
+    stack. ``ddp_buckets`` records a DDP model's gradient buckets through a comm hook that keeps
+    DDP's arithmetic to the bit (on CPU/gloo any comm hook costs a pass over the gradients, which
+    DDP otherwise fuses into its copy). Buffers reach the disk every ``flush_interval_s``;
     the open segment of each table becomes a Parquet part every ``seal_interval_s`` and at exit.
     ``enabled=False`` or the environment variable ``DTPROF_DISABLE=1`` makes every call a no-op.
     """

@@ -2,7 +2,10 @@
 
 Beside the recorded model, a second replica trains on the same batches without dtprof (its
 DDP has no comm hook); each rank writes ``bare-equal-RANK`` beside the trace: whether the two
-ended bit-identical, i.e. whether recording changed the training's arithmetic.
+ended bit-identical, i.e. whether recording changed the training's arithmetic. Both use
+``gradient_as_bucket_view`` and set gradients to None only every third step, so DDP scales by
+both of its ways: multiplying gradients it copies into a bucket, dividing those that already are
+the bucket's views. A few steps after recording ends must stay bit-identical too.
 
 Usage (one process per rank, torchrun-style environment): ddp_buckets.py TRACE STEPS
 """
@@ -22,7 +25,11 @@ import dtprof
 
 def replica() -> tuple[DDP, torch.optim.Optimizer]:
     torch.manual_seed(0)
-    model = DDP(nn.Sequential(*[nn.Linear(128, 128) for _ in range(6)]), bucket_cap_mb=0.1)
+    model = DDP(
+        nn.Sequential(*[nn.Linear(128, 128) for _ in range(6)]),
+        bucket_cap_mb=0.1,
+        gradient_as_bucket_view=True,
+    )
     return model, torch.optim.SGD(model.parameters(), lr=0.01)
 
 
@@ -33,19 +40,32 @@ def main() -> None:
     rank = dist.get_rank()
     model, opt = replica()
     bare, bare_opt = replica()
+
+    def batch(step: int) -> torch.Tensor:
+        return torch.randn(32, 128, generator=torch.Generator().manual_seed(rank * 99 + step))
+
+    def train_bare(x: torch.Tensor, step: int) -> None:
+        bare_opt.zero_grad(set_to_none=step % 3 == 0)
+        bare(x).square().mean().backward()
+        bare_opt.step()
+
     with dtprof.profile(trace, model=model, optimizer=opt, fingerprint_every=1) as prof:
         for step in range(steps):
             with prof.region("data"):
-                x = torch.randn(32, 128, generator=torch.Generator().manual_seed(rank * 99 + step))
+                x = batch(step)
             loss = model(x).square().mean()
-            opt.zero_grad()
+            opt.zero_grad(set_to_none=step % 3 == 0)
             loss.backward()
             opt.step()
             prof.log(loss=loss)
             prof.step()
-            bare_opt.zero_grad()
-            bare(x).square().mean().backward()
-            bare_opt.step()
+            train_bare(x, step)
+    for step in range(steps, steps + 4):  # after recording: dtprof's hook stays on the model
+        x = batch(step)
+        opt.zero_grad(set_to_none=step % 3 == 0)
+        model(x).square().mean().backward()
+        opt.step()
+        train_bare(x, step)
     pairs = zip(model.parameters(), bare.parameters(), strict=True)
     equal = all(torch.equal(a, b) for a, b in pairs)
     (Path(trace).parent / f"bare-equal-{rank}").write_text(str(equal))
