@@ -40,7 +40,7 @@ def sample_step(prof: Profiler, step: int, ts_ns: int) -> None:
     """Append this step's memory figures to the samples table."""
     out = prof.samples
     out.append((step, ts_ns, "rss_bytes", float(rss_bytes())))
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if torch.cuda.is_initialized():  # a flag read: CUDA figures once the job uses CUDA
         out.append((step, ts_ns, "cuda_allocated_bytes", float(torch.cuda.memory_allocated())))
         out.append((step, ts_ns, "cuda_reserved_bytes", float(torch.cuda.memory_reserved())))
         # the peak since start (or the user's last reset): resetting it here would break
