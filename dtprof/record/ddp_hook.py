@@ -12,8 +12,9 @@ On CPU, x * (1/3) and x / 3 differ in the last bit, so the hook must know which 
 gradient went. For a world size that is a power of two the two agree exactly and the hook
 multiplies. Otherwise, for a model with ``gradient_as_bucket_view``, a tensor hook on the
 model's output notes every parameter's gradient as the backward pass begins, before DDP copies
-anything; a gradient that was already the bucket's view is divided, any other multiplied. The
-job then trains bit-identically with and without dtprof, during recording and after it (a
+anything; a gradient that was already the bucket's view is divided, any other multiplied (an
+output pytree cannot see into, such as a custom class, gives no note: then every gradient is
+multiplied). The job then trains bit-identically with and without dtprof, during recording and after it (a
 comm hook cannot be taken off a DDP model, so the hook and this note-taking stay with it).
 """
 
