@@ -14,8 +14,9 @@ multiplies. Otherwise, for a model with ``gradient_as_bucket_view``, a tensor ho
 model's output notes every parameter's gradient as the backward pass begins, before DDP copies
 anything; a gradient that was already the bucket's view is divided, any other multiplied (an
 output pytree cannot see into, such as a custom class, gives no note: then every gradient is
-multiplied). The job then trains bit-identically with and without dtprof, during recording and after it (a
-comm hook cannot be taken off a DDP model, so the hook and this note-taking stay with it).
+multiplied). The job then trains bit-identically with and without dtprof, during recording and
+after it (a comm hook cannot be taken off a DDP model, so the hook and this note-taking stay
+with it).
 """
 
 from __future__ import annotations

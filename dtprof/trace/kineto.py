@@ -138,6 +138,8 @@ def _columns(
         out[f"{group}_pid"] = _fast_ints(list(map(_PID, sub)))
     if "tid" in fields:
         out[f"{group}_tid"] = _fast_ints(list(map(_TID, sub)))
+    if "cat" in fields:
+        out[f"{group}_cat"] = pa.array(list(map(_CAT, sub)), pa.string())
     return out, list(map(_ARGS, sub))
 
 
@@ -153,38 +155,69 @@ def _floats(values: list[Any]) -> np.ndarray:
     return np.asarray([np.nan if v is None else v for v in values], dtype=np.float64)
 
 
-def _where(mask: pa.Array) -> np.ndarray:
-    return np.flatnonzero(pc.fill_null(mask, False).to_numpy(zero_copy_only=False))
+# what an event is to the importer, as bits: an event can be in more than one group
+_GPU, _LAUNCH, _CPU, _COMM, _MEMORY = 1, 2, 4, 8, 16
+_STEP = re.compile(STEP_RE, re.ASCII)
+_COMM_ANNOTATION = re.compile(COMM_ANNOTATION_RE, re.ASCII)
+
+
+def _kind(ph: Any, cat: Any, name: Any) -> int:
+    """The groups one event belongs to (see _chunk_columns for the rules)."""
+    text = name if name is None or isinstance(name, str) else str(name)
+    if ph == "i":
+        return _MEMORY if text == "[memory]" else 0
+    if ph != "X":
+        return 0
+    kind = _GPU if cat in GPU_CATS else _LAUNCH if cat in LAUNCH_CATS else 0
+    if text is not None and (text == "record_param_comms" or _COMM_ANNOTATION.match(text)):
+        return kind | _CPU | _COMM
+    if cat == "user_annotation" or (
+        text is not None and (_STEP.match(text) is not None or text.startswith("gloo:"))
+    ):
+        kind |= _CPU
+    return kind
+
+
+class _Kinds(dict[tuple[Any, Any, Any], int]):
+    """(ph, cat, name) -> _kind, worked out once per distinct triple: a trace repeats few."""
+
+    def __missing__(self, key: tuple[Any, Any, Any]) -> int:
+        kind = self[key] = _kind(*key)
+        return kind
+
+
+_KINDS = _Kinds()
+
+
+def _kinds(events: list[Event]) -> np.ndarray:
+    """Each event's _kind, looked up without a Python call per event."""
+    triples = zip(map(_PH, events), map(_CAT, events), map(_NAME, events), strict=True)
+    if len(_KINDS) > 200_000:  # names that never repeat (a generated one per event)
+        _KINDS.clear()
+    try:
+        return np.fromiter(map(_KINDS.__getitem__, triples), np.uint8, count=len(events))
+    except TypeError:  # a name that is a list or an object: classify each event
+        return np.fromiter((_kind(e.ph, e.cat, e.name) for e in events), np.uint8, len(events))
 
 
 def _chunk_columns(events: list[Event]) -> dict[str, Any]:
-    """Every column of KinetoFile (``group_field``) for one chunk of events."""
-    cat = pa.array(list(map(_CAT, events)), pa.string())
-    ph = pa.array(list(map(_PH, events)), pa.string())
-    name = _strings(list(map(_NAME, events)))  # null where missing: matches nothing
-    complete = pc.fill_null(pc.equal(ph, "X"), False)
-    gpu_idx = _where(pc.and_(complete, pc.is_in(cat, pa.array(GPU_CATS))))
-    launch_idx = _where(pc.and_(complete, pc.is_in(cat, pa.array(LAUNCH_CATS))))
-    is_step = pc.match_substring_regex(name, STEP_RE)
-    is_comm = pc.or_kleene(
-        pc.equal(name, "record_param_comms"), pc.match_substring_regex(name, COMM_ANNOTATION_RE)
-    )
-    is_gloo_op = pc.starts_with(name, "gloo:")
-    annotation = pc.equal(cat, "user_annotation")
-    cpu_idx = _where(
-        pc.and_kleene(
-            complete,
-            pc.or_kleene(pc.or_kleene(is_step, is_comm), pc.or_kleene(is_gloo_op, annotation)),
-        )
-    )
-    mem_idx = _where(pc.and_(pc.equal(ph, "i"), pc.equal(name, "[memory]")))
+    """Every column of KinetoFile (``group_field``) for one chunk of events.
+
+    Groups: GPU activity (complete events of a GPU category), CUDA launches (complete events
+    of a runtime or driver category), CPU events (complete ``ProfilerStep#N``,
+    ``record_param_comms``, ``nccl:``/``gloo:``/... annotations and any ``user_annotation``;
+    the collectives among them keep their args) and ``[memory]`` instants."""
+    kinds = _kinds(events)
+    gpu_idx = np.flatnonzero(kinds & _GPU)
+    launch_idx = np.flatnonzero(kinds & _LAUNCH)
+    cpu_idx = np.flatnonzero(kinds & _CPU)
+    mem_idx = np.flatnonzero(kinds & _MEMORY)
 
     out: dict[str, Any] = {"events": len(events)}
-    gpu, gpu_args = _columns("gpu", events, gpu_idx)
+    gpu, gpu_args = _columns("gpu", events, gpu_idx, (*COLS_FIELDS, "cat"))
     out.update(gpu)
     stream = _fast_ints(_arg(gpu_args, "stream"), -1)
     out.update(
-        gpu_cat=cat.take(pa.array(gpu_idx, pa.int64())),
         gpu_stream=np.where(stream < 0, out["gpu_tid"], stream),
         gpu_correlation=_fast_ints(_arg(gpu_args, "correlation"), -1),
         gpu_bytes=_fast_ints(_arg(gpu_args, "bytes"), -1),
@@ -197,11 +230,10 @@ def _chunk_columns(events: list[Event]) -> dict[str, Any]:
         launch_tid=launch["launch_tid"][keep],
         launch_correlation=correlation[keep],
     )
-    cpu, cpu_args = _columns("cpu", events, cpu_idx)
-    reads_args = pc.fill_null(is_comm, False).to_numpy(zero_copy_only=False)[cpu_idx]
+    cpu, cpu_args = _columns("cpu", events, cpu_idx, (*COLS_FIELDS, "cat"))
+    reads_args = kinds[cpu_idx] & _COMM
     out.update(
         cpu,
-        cpu_cat=cat.take(pa.array(cpu_idx, pa.int64())),
         cpu_args=[args_dict(a) if r else {} for a, r in zip(cpu_args, reads_args, strict=True)],
     )
     memory, memory_args = _columns("memory", events, mem_idx, ("ts_ns",))
