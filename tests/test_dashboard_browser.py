@@ -2,7 +2,9 @@
 
 Runs `dtprof dashboard` on sample traces in subprocesses and drives headless Chromium (the
 Debian package, installed by scripts/browser.sh) through Playwright. Each page's screenshot is
-saved to docs/screenshots/<page>.png.
+saved as <page>.png in a temporary folder, or in the folder DTPROF_SCREENSHOTS names
+(``DTPROF_SCREENSHOTS=docs/screenshots`` refreshes the documentation's), so that a test run
+leaves the working tree as it was.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from dtprof.jobs.launch import free_port
 
 CHROMIUM = Path(os.environ.get("DTPROF_CHROMIUM", "/usr/bin/chromium"))
 ROOT = Path(__file__).resolve().parents[1]
-SHOTS = ROOT / "docs" / "screenshots"
+SHOTS_ENV = os.environ.get("DTPROF_SCREENSHOTS")
 VIEWPORT = {"width": 1400, "height": 900}
 
 # page -> (sample trace that shows it best, path with its window)
@@ -128,17 +130,24 @@ def _settle(page: object) -> list[dict[str, int]]:
     return page.evaluate(GRAPHS_DRAWN)  # type: ignore[attr-defined,no-any-return]
 
 
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = Path(SHOTS_ENV) if SHOTS_ENV else tmp_path_factory.mktemp("screenshots")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
 @pytest.mark.parametrize("name", list(PAGES))
 def test_page_renders_without_console_errors(
-    name: str, servers: dict[str, str], browser: object
+    name: str, servers: dict[str, str], browser: object, shots: Path
 ) -> None:
     trace, path = PAGES[name]
     page, errors = _open(browser, servers[trace] + path)
     graphs = _settle(page)
     assert graphs and all(g["svg"] for g in graphs)
     assert sum(g["traces"] for g in graphs) > 0, f"{name}: no chart has data"
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=False)  # type: ignore[attr-defined]
+    page.screenshot(path=str(shots / f"{name}.png"), full_page=False)  # type: ignore[attr-defined]
+    assert (shots / f"{name}.png").stat().st_size > 10_000, f"{name}: an empty screenshot"
     page.close()  # type: ignore[attr-defined]
     assert errors == [], f"{name}: browser console errors: {errors}"
 
