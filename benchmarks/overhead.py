@@ -30,14 +30,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-MODES = ("bare", "dtprof", "torch.profiler")
+# the default: what recording costs, what any Python DDP comm hook costs (seeing DDP's buckets
+# takes one), and how far two identical set-ups differ on this machine
+MODES = ("bare", "dtprof", "torch.profiler", "ddp-hook", "bare-2")
 # Variants that show where recording time goes, through the public API only:
 VARIANTS = {
+    "ddp-hook": "no recording; DDP with the stock Python allreduce comm hook (dtprof's is one)",
+    "bare-2": "no recording, a second replica: the noise floor between identical setups",
     "dtprof-nofp": "dtprof without fingerprints",
     "dtprof-nomodel": "dtprof without model and optimizer: no phase hooks, no DDP comm hook",
     "dtprof-nobuckets": "dtprof with ddp_buckets=False: no DDP comm hook, every other hook on",
-    "ddp-hook": "no recording; DDP with the stock Python allreduce comm hook (dtprof's is one)",
-    "bare-2": "no recording, a second replica: the noise floor between identical setups",
     "ddp-builtin-hook": "no recording; DDP with PyTorch's C++ builtin allreduce comm hook",
 }
 CLASSES = 16
@@ -52,7 +54,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--modes",
         default=",".join(MODES),
-        help="comma-separated; bare and dtprof always run. Variants:\n"
+        help="comma-separated; bare and dtprof always run. Default: "
+        + ",".join(MODES)
+        + ". Variants:\n"
         + "\n".join(f"  {name}: {doc}" for name, doc in VARIANTS.items()),
     )
     p.add_argument("--warmup", type=int, default=8, help="steps per mode before measuring")
@@ -480,6 +484,17 @@ def report(args: argparse.Namespace, ranks: list[dict[str, Any]]) -> tuple[str, 
         f"dtprof per-round ratio {ratios['dtprof']:.3f}: goal <= {GOAL} {verdict}; "
         f"<= {NOISY_GOAL} on a noisy machine {noisy} (CPU per step: {cpu_ratios['dtprof']:.3f})",
     ]
+    beside = [
+        f"{what} {ratios[mode]:.3f} (CPU {cpu_ratios[mode]:.3f})"
+        for mode, what in (
+            ("ddp-hook", "PyTorch's stock DDP comm hook alone"),
+            ("dtprof-nobuckets", "dtprof without it (ddp_buckets=False)"),
+            ("bare-2", "a second bare replica, the noise floor"),
+        )
+        if mode in ratios
+    ]
+    if beside:
+        lines.append("  beside it: " + "; ".join(beside))
     return "\n".join(lines), ratios["dtprof"]
 
 
