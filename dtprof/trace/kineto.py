@@ -192,7 +192,7 @@ _KINDS = _Kinds()
 def _kinds(events: list[Event]) -> np.ndarray:
     """Each event's _kind, looked up without a Python call per event."""
     triples = zip(map(_PH, events), map(_CAT, events), map(_NAME, events), strict=True)
-    if len(_KINDS) > 200_000:  # names that never repeat (a generated one per event)
+    if len(_KINDS) > 50_000:  # names that never repeat (one made up per event): bounded memory
         _KINDS.clear()
     try:
         return np.fromiter(map(_KINDS.__getitem__, triples), np.uint8, count=len(events))
