@@ -10,8 +10,8 @@ process (every thread, dtprof's writer included), the steadier figure where othe
 the machine. The first step of each block is dropped. Then tiny synchronous collectives are
 timed with and without dtprof on all ranks, interleaved, and dtprof's wrapper against the
 function it wraps in one process on a one-rank group, and a whole training step alone on a
-one-rank group (bare, PyTorch's Python DDP comm hook, dtprof): the precise per-step costs,
-free of the N ranks' scheduling noise. Progress goes to stderr, the table to
+one-rank group (bare, PyTorch's C++ and Python DDP comm hooks, dtprof): the precise
+per-step costs, free of the N ranks' scheduling noise. Progress goes to stderr, the table to
 stdout; trace folders are temporary and removed at the end.
 """
 
@@ -167,7 +167,7 @@ def _measure(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     }
 
 
-ALONE_MODES = ("bare", "ddp-hook", "dtprof")
+ALONE_MODES = ("bare", "ddp-builtin-hook", "ddp-hook", "dtprof")
 
 
 def _replica(args: argparse.Namespace, mode: str, group: Any = None) -> tuple[Any, Any]:
@@ -193,7 +193,8 @@ def _replica(args: argparse.Namespace, mode: str, group: Any = None) -> tuple[An
 def _steps_alone(args: argparse.Namespace, root: Path) -> dict[str, list[list[int]]]:
     """On rank 0 while the others wait: per-step wall ns of the same training step on a
     one-rank group (no other rank to share the CPUs with or wait for), bare, with PyTorch's
-    Python DDP comm hook and with dtprof, in alternating blocks: the precise per-step cost."""
+    C++ and Python DDP comm hooks and with dtprof, in alternating blocks: the precise
+    per-step cost."""
     import torch
     import torch.distributed as dist
 
@@ -205,7 +206,8 @@ def _steps_alone(args: argparse.Namespace, root: Path) -> dict[str, list[list[in
         gen = torch.Generator().manual_seed(0)
         out = {mode: [] for mode in ALONE_MODES}
         for r in range(2 * args.rounds + 1):  # round 0 is a warm-up
-            for mode in ALONE_MODES[r % 3 :] + ALONE_MODES[: r % 3]:
+            k = r % len(ALONE_MODES)
+            for mode in ALONE_MODES[k:] + ALONE_MODES[:k]:
                 wall, _, _ = _train(
                     mode, *replicas[mode], gen, args, args.steps + 1, root / f"alone-{r}-{mode}",
                     group=groups[0],
@@ -513,6 +515,7 @@ def _steps_alone_lines(alone: dict[str, list[list[int]]], step_ms: float) -> lis
         f" bare step {bare_ms:.2f} ms; % of the {step_ms:.2f} ms step of the job above):",
     ]
     for mode, base, what in (
+        ("ddp-builtin-hook", "bare", "PyTorch's C++ builtin DDP comm hook (no Python)"),
         ("ddp-hook", "bare", "PyTorch's Python DDP comm hook (no recording)"),
         ("dtprof", "bare", "dtprof, everything on"),
         ("dtprof", "ddp-hook", "dtprof beyond the comm hook: its recording"),
