@@ -171,9 +171,8 @@ def _kind(ph: Any, cat: Any, name: Any) -> int:
     kind = _GPU if cat in GPU_CATS else _LAUNCH if cat in LAUNCH_CATS else 0
     if text is not None and (text == "record_param_comms" or _COMM_ANNOTATION.match(text)):
         return kind | _CPU | _COMM
-    if cat == "user_annotation" or (
-        text is not None and (_STEP.match(text) is not None or text.startswith("gloo:"))
-    ):
+    # gloo: operators matched the annotation pattern above
+    if cat == "user_annotation" or (text is not None and _STEP.match(text) is not None):
         kind |= _CPU
     return kind
 
