@@ -4,15 +4,16 @@
 
 One launch of N processes runs every mode in turn: ``--rounds`` rounds of ``--steps`` steps per
 mode, the order rotated each round, so the machine's drift falls on every mode alike. Each mode
-trains its own DDP replica of the same MLP (dtprof's comm hook stays on the model it was
-registered on). A step's wall time is the mean over ranks; its CPU time is that of the whole
+trains its own DDP replica of the same MLP (a comm hook stays on the model it was registered
+on). A step's wall time is the mean over ranks; its CPU time is that of the whole
 process (every thread, dtprof's writer included), the steadier figure where other jobs share
 the machine. The first step of each block is dropped. Then tiny synchronous collectives are
 timed with and without dtprof on all ranks, interleaved, and dtprof's wrapper against the
 function it wraps in one process on a one-rank group, and a whole training step alone on a
-one-rank group (bare, PyTorch's C++ and Python DDP comm hooks, dtprof): the precise
-per-step costs, free of the N ranks' scheduling noise. Progress goes to stderr, the table to
-stdout; trace folders are temporary and removed at the end.
+one-rank group (bare, PyTorch's Python DDP comm hook, dtprof with DDP's buckets seen at the
+dispatcher, through its comm hook, and not at all): the precise per-step costs, free of the
+N ranks' scheduling noise. Progress goes to stderr, the table to stdout; trace folders are
+temporary and removed at the end.
 """
 
 from __future__ import annotations
@@ -30,16 +31,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-# the default: what recording costs, what any Python DDP comm hook costs (seeing DDP's buckets
-# takes one), and how far two identical set-ups differ on this machine
-MODES = ("bare", "dtprof", "torch.profiler", "ddp-hook", "bare-2")
+# the default: what recording costs, what seeing DDP's buckets adds to it, and how far two
+# identical set-ups differ on this machine
+MODES = ("bare", "dtprof", "torch.profiler", "dtprof-nobuckets", "bare-2")
 # Variants that show where recording time goes, through the public API only:
 VARIANTS = {
-    "ddp-hook": "no recording; DDP with the stock Python allreduce comm hook (dtprof's is one)",
+    "ddp-hook": "no recording; DDP with the stock Python allreduce comm hook",
     "bare-2": "no recording, a second replica: the noise floor between identical setups",
     "dtprof-nofp": "dtprof without fingerprints",
-    "dtprof-nomodel": "dtprof without model and optimizer: no phase hooks, no DDP comm hook",
-    "dtprof-nobuckets": "dtprof with ddp_buckets=False: no DDP comm hook, every other hook on",
+    "dtprof-nomodel": "dtprof without model and optimizer: no phase hooks, no DDP buckets",
+    "dtprof-nobuckets": "dtprof with ddp_buckets=False: DDP's buckets unseen, every other hook on",
+    "dtprof-commhook": "dtprof with ddp_buckets='comm_hook': DDP's buckets through a comm hook",
     "ddp-builtin-hook": "no recording; DDP with PyTorch's C++ builtin allreduce comm hook",
 }
 CLASSES = 16
@@ -167,7 +169,7 @@ def _measure(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     }
 
 
-ALONE_MODES = ("bare", "ddp-builtin-hook", "ddp-hook", "dtprof")
+ALONE_MODES = ("bare", "ddp-hook", "dtprof-nobuckets", "dtprof-commhook", "dtprof")
 
 
 def _replica(args: argparse.Namespace, mode: str, group: Any = None) -> tuple[Any, Any]:
@@ -193,7 +195,7 @@ def _replica(args: argparse.Namespace, mode: str, group: Any = None) -> tuple[An
 def _steps_alone(args: argparse.Namespace, root: Path) -> dict[str, list[list[int]]]:
     """On rank 0 while the others wait: per-step wall ns of the same training step on a
     one-rank group (no other rank to share the CPUs with or wait for), bare, with PyTorch's
-    C++ and Python DDP comm hooks and with dtprof, in alternating blocks: the precise
+    Python DDP comm hook and with dtprof three ways, in alternating blocks: the precise
     per-step cost."""
     import torch
     import torch.distributed as dist
@@ -245,7 +247,7 @@ def _train(
             model=None if mode == "dtprof-nomodel" else model,
             optimizer=None if mode == "dtprof-nomodel" else opt,
             fingerprint_every=0 if mode == "dtprof-nofp" else args.fingerprint_every,
-            ddp_buckets=mode != "dtprof-nobuckets",
+            ddp_buckets={"dtprof-nobuckets": False, "dtprof-commhook": "comm_hook"}.get(mode, True),
             hang_timeout_s=60,
             clock_sync=group is None,
         )
@@ -489,8 +491,9 @@ def report(args: argparse.Namespace, ranks: list[dict[str, Any]]) -> tuple[str, 
     beside = [
         f"{what} {ratios[mode]:.3f} (CPU {cpu_ratios[mode]:.3f})"
         for mode, what in (
+            ("dtprof-nobuckets", "dtprof without DDP's buckets (ddp_buckets=False)"),
+            ("dtprof-commhook", "with them through its comm hook"),
             ("ddp-hook", "PyTorch's stock DDP comm hook alone"),
-            ("dtprof-nobuckets", "dtprof without it (ddp_buckets=False)"),
             ("bare-2", "a second bare replica, the noise floor"),
         )
         if mode in ratios
@@ -515,10 +518,11 @@ def _steps_alone_lines(alone: dict[str, list[list[int]]], step_ms: float) -> lis
         f" bare step {bare_ms:.2f} ms; % of the {step_ms:.2f} ms step of the job above):",
     ]
     for mode, base, what in (
-        ("ddp-builtin-hook", "bare", "PyTorch's C++ builtin DDP comm hook (no Python)"),
         ("ddp-hook", "bare", "PyTorch's Python DDP comm hook (no recording)"),
         ("dtprof", "bare", "dtprof, everything on"),
-        ("dtprof", "ddp-hook", "dtprof beyond the comm hook: its recording"),
+        ("dtprof-nobuckets", "bare", "dtprof without DDP's buckets"),
+        ("dtprof", "dtprof-nobuckets", "DDP's buckets, seen at the dispatcher"),
+        ("dtprof-commhook", "dtprof-nobuckets", "DDP's buckets, through dtprof's comm hook"),
     ):
         us = cost(mode, base)
         lines.append(

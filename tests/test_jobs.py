@@ -24,11 +24,14 @@ def _matched(coll: pd.DataFrame, world: int) -> pd.DataFrame:
     )
 
 
-def test_ddp_steps_buckets_sequence_numbers_clocks_fingerprints(tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", ["dispatcher", "comm_hook"])
+def test_ddp_steps_buckets_sequence_numbers_clocks_fingerprints(tmp_path: Path, how: str) -> None:
     trace_dir, world, steps = tmp_path / "trace", 3, 12
     script = Path(__file__).parent / "jobs" / "ddp_buckets.py"
     procs = launch.start_command(
-        [sys.executable, str(script), str(trace_dir), str(steps)], world, log_dir=tmp_path / "logs"
+        [sys.executable, str(script), str(trace_dir), str(steps), how],
+        world,
+        log_dir=tmp_path / "logs",
     )
     assert launch.wait(procs, 180) == [0] * world, logs_of(tmp_path / "logs")
     trace = dtprof.load_trace(trace_dir)
@@ -40,6 +43,7 @@ def test_ddp_steps_buckets_sequence_numbers_clocks_fingerprints(tmp_path: Path) 
     assert (counts[["data", "forward", "backward", "optimizer"]] == 1).all().all()
 
     # DDP buckets: several per step, labelled, together the size of all gradients
+    assert {m.get("ddp_buckets_via") for m in trace.meta.values()} == {how}
     coll = trace.collectives
     assert set(coll["op"]) == {"all_reduce"}
     assert coll["label"].str.fullmatch(r"ddp\.bucket\d+").all()

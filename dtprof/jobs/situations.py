@@ -207,12 +207,13 @@ def all_ops(args: argparse.Namespace) -> None:
 
 
 def faulty_hooks(args: argparse.Namespace) -> None:
-    """DDP where dtprof's own phase and collective hooks start raising at step 3."""
+    """DDP where dtprof's own phase hooks and its recording of DDP's buckets start raising at
+    step 3."""
     from dtprof.jobs.worker import train_loop
     from dtprof.record import comms, phases
 
     counter = {"calls": 0}
-    real_leaves, real_nbytes = phases.tree_leaves, comms._nbytes
+    real_leaves, real_launched = phases.tree_leaves, comms.CommRecorder.launched
 
     def broken(real: Callable[..., object]) -> Callable[..., object]:
         def call(*a: object, **k: object) -> object:
@@ -224,7 +225,7 @@ def faulty_hooks(args: argparse.Namespace) -> None:
         return call
 
     phases.tree_leaves = broken(real_leaves)  # type: ignore[assignment]
-    comms._nbytes = broken(real_nbytes)  # type: ignore[assignment]
+    comms.CommRecorder.launched = broken(real_launched)  # type: ignore[method-assign,assignment]
     model, opt = _ddp(args)
     train_loop(args, model, opt)
 

@@ -3,8 +3,8 @@
 Each call records op, group, per-group sequence number, bytes, dtype, peer, entry time and
 completion time. Synchronous calls complete when they return; async ones when their future
 completes (a ``then`` callback, no synchronization), or, for gloo p2p works that have no
-future, when ``wait()`` returns. DDP's gradient buckets are reduced by C++, so dtprof's DDP
-comm hook (``ddp_hook.ddp_bucket_hook``) records them, keeping DDP's arithmetic to the bit.
+future, when ``wait()`` returns. DDP's gradient buckets are reduced by C++: ``ddp_buckets``
+records them at torch's dispatcher, or ``ddp_hook`` through a comm hook where it cannot.
 """
 
 from __future__ import annotations
@@ -56,14 +56,14 @@ P2P_SEND = {"send", "isend"}
 
 
 class _ThreadState(threading.local):
-    """Per thread: inside a recorded call (nested API calls are not recorded twice), and the
-    label of the caller (a DDP bucket)."""
+    """Per thread: inside a recorded call (nested API calls, and the process-group call a
+    wrapper ends in, are not recorded twice)."""
 
     depth = 0
-    label: str | None = None
 
 
 _tls = _ThreadState()
+_DTYPE_NAMES: dict[torch.dtype, str] = {}
 
 
 def _nbytes(obj: Any) -> tuple[int, str | None]:
@@ -136,6 +136,7 @@ class CommRecorder:
         self._originals: list[tuple[Any, str, Any]] = []
         self._all_reduce: tuple[Callable[..., Any], _Call] | None = None
         self._default_group: Any = None
+        self._bucket_watch: Any = None
 
     # -- installation
 
@@ -155,8 +156,19 @@ class CommRecorder:
                     self._originals.append((module, api_name, original))
                     setattr(module, api_name, wrapper)
 
+    def watch_ddp(self, model: torch.nn.parallel.DistributedDataParallel) -> None:
+        """Record ``model``'s gradient buckets at the dispatcher (raises where it cannot)."""
+        if self._bucket_watch is None:
+            from dtprof.record.ddp_buckets import BucketWatch
+
+            self._bucket_watch = BucketWatch(self)
+        self._bucket_watch.watch(model)
+
     def uninstall(self) -> None:
         self.enabled = False
+        watch, self._bucket_watch = self._bucket_watch, None
+        if watch is not None:
+            watch.uninstall()
         for module, name, original in reversed(self._originals):
             setattr(module, name, original)
         self._originals.clear()
@@ -208,8 +220,16 @@ class CommRecorder:
             self.prof.groups.append((name, backend, ranks))
         return name
 
-    def _enter(self, call: _Call, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
-        start = now_ns()
+    def _enter(
+        self,
+        call: _Call,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        start: int | None = None,
+        label: str | None = None,
+    ) -> int:
+        if start is None:
+            start = now_ns()
         group = _arg(args, kwargs, "group", call.group_idx)
         gname = self.group_name(group)
         nbytes, dtype = _nbytes(_arg(args, kwargs, call.payload, call.payload_idx))
@@ -233,7 +253,6 @@ class CommRecorder:
             seq = self._seq.get(key, 0)
             self._seq[key] = seq + 1
         token = next(self._ids)
-        label = _tls.label
         self.inflight[token] = (
             self.prof.step_index,
             gname,
@@ -285,22 +304,53 @@ class CommRecorder:
             label = f"{label};error" if label else "error"
         self.out.append((*record[:7], record[7], end, record[8], label))
 
+    def launched(
+        self, group: Any, tensors: list[torch.Tensor], start: int, label: str, work: Any
+    ) -> None:
+        """An all-reduce C++ launched (DDP's reducer), seen at the dispatcher: recorded from
+        ``start`` to the completion of its future. What ``_enter`` does, without the argument
+        parsing: this runs for every bucket of every step."""
+        gname = self._group_names.get(group)
+        if gname is None:
+            gname = self.group_name(group)
+        seq = self._seq.get(gname, 0)
+        self._seq[gname] = seq + 1
+        first = tensors[0]
+        nbytes = first.nbytes if len(tensors) == 1 else sum(t.nbytes for t in tensors)
+        dtype = _DTYPE_NAMES.get(first.dtype)
+        if dtype is None:
+            dtype = _DTYPE_NAMES[first.dtype] = str(first.dtype).removeprefix("torch.")
+        token = next(self._ids)
+        self.inflight[token] = (
+            self.prof.step_index, gname, seq, "all_reduce", nbytes, dtype, None, start, True, label
+        )  # fmt: skip
+        try:
+            future = work.get_future()
+        except RuntimeError:  # a backend without futures: the end is unknown, not the start
+            self._complete(token)
+        else:
+            future.add_done_callback(partial(self._on_future, token))
+
     def bucket_all_reduce(
         self, group: Any, tensor: torch.Tensor, index: int
     ) -> torch.futures.Future[torch.Tensor]:
-        """All-reduce a DDP bucket already scaled as DDP scales it, recorded as ddp.bucketN."""
+        """All-reduce a DDP bucket already scaled as DDP scales it, recorded as ddp.bucketN
+        (the comm-hook way, where the dispatcher's cannot be used)."""
         assert self._all_reduce is not None
         call = self._all_reduce[1]
         token = None
-        _tls.label = f"ddp.bucket{index}"
         try:
-            token = self._enter(call, (tensor,), {"group": group, "async_op": True})
+            token = self._enter(
+                call, (tensor,), {"group": group, "async_op": True}, label=f"ddp.bucket{index}"
+            )
         except Exception as exc:
             self.prof.hook_failed("collectives", exc)
-        finally:
-            _tls.label = None
         # the process group's own allreduce: what dist.all_reduce ends in, minus its checks
-        future = group.allreduce([tensor]).get_future()
+        _tls.depth = 1
+        try:
+            future = group.allreduce([tensor]).get_future()
+        finally:
+            _tls.depth = 0
         return future.then(partial(self._bucket_done, token))
 
     def _bucket_done(self, token: int | None, future: Any) -> torch.Tensor:

@@ -57,9 +57,19 @@ class PhaseHooks:
             self._handles.append(optimizer.register_step_post_hook(self._optimizer_post))
 
     def _register_ddp_hook(self, model: torch.nn.parallel.DistributedDataParallel) -> None:
-        if getattr(model, "_dtprof_comm_hook", False):
+        if getattr(model, "_dtprof_comm_hook", False):  # an earlier profile's comm hook
             self.ddp_buckets = True
+            self.prof.meta["ddp_buckets_via"] = "comm_hook"
             return
+        if self.prof.ddp_buckets != "comm_hook":
+            try:
+                self.prof.comms.watch_ddp(model)
+            except Exception as exc:
+                self.prof.meta["ddp_buckets_dispatcher"] = f"unavailable: {exc}".splitlines()[0]
+            else:
+                self.ddp_buckets = True
+                self.prof.meta["ddp_buckets_via"] = "dispatcher"
+                return
         try:
             ddp_hook.install(model)
         except Exception as exc:
@@ -69,6 +79,7 @@ class PhaseHooks:
             return
         setattr(model, "_dtprof_comm_hook", True)  # noqa: B010 (nn.Module typing)
         self.ddp_buckets = True
+        self.prof.meta["ddp_buckets_via"] = "comm_hook"
 
     def uninstall(self) -> None:
         for handle in self._handles:

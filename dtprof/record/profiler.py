@@ -34,7 +34,7 @@ def profile(
     pipeline: Any = None,
     fingerprint_every: int = 0,
     hang_timeout_s: float | None = None,
-    ddp_buckets: bool = True,
+    ddp_buckets: bool | str = True,
     enabled: bool = True,
     gpu_sample_interval_s: float = 1.0,
     flush_interval_s: float = 0.5,
@@ -47,12 +47,17 @@ def profile(
     buckets); ``pipeline`` is a torch.distributed.pipelining schedule whose actions are
     recorded; ``fingerprint_every`` records parameter fingerprints every N steps (0: off);
     ``hang_timeout_s`` records a collective in flight longer than that, with every thread's
-    stack. ``ddp_buckets`` records a DDP model's gradient buckets through a comm hook that keeps
-    DDP's arithmetic to the bit (on CPU/gloo any comm hook costs a pass over the gradients, which
-    DDP otherwise fuses into its copy). Buffers reach the disk every ``flush_interval_s``;
+    stack. ``ddp_buckets`` records a DDP model's gradient buckets where DDP's reducer hands them
+    to the process group (a kernel at torch's dispatcher, removed at exit; DDP is left as it is),
+    or, where that cannot be registered or with ``ddp_buckets="comm_hook"``, through a comm hook
+    that keeps DDP's arithmetic to the bit (it stays on the model, and on CPU/gloo it costs a pass
+    over the gradients that DDP otherwise fuses into its copy); ``False`` records none.
+    Buffers reach the disk every ``flush_interval_s``;
     the open segment of each table becomes a Parquet part every ``seal_interval_s`` and at exit.
     ``enabled=False`` or the environment variable ``DTPROF_DISABLE=1`` makes every call a no-op.
     """
+    if ddp_buckets not in (True, False, "comm_hook"):
+        raise ValueError(f"ddp_buckets must be True, False or 'comm_hook', not {ddp_buckets!r}")
     if not enabled or os.environ.get("DTPROF_DISABLE", "") not in ("", "0"):
         return NullProfiler()
     return Profiler(
@@ -135,7 +140,7 @@ class Profiler:
         pipeline: Any,
         fingerprint_every: int,
         hang_timeout_s: float | None,
-        ddp_buckets: bool,
+        ddp_buckets: bool | str,
         gpu_sample_interval_s: float,
         flush_interval_s: float,
         seal_interval_s: float,

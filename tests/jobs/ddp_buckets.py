@@ -1,13 +1,15 @@
 """A DDP job with small buckets (several per step), for the integration tests.
 
-Beside the recorded model, a second replica trains on the same batches without dtprof (its
-DDP has no comm hook); each rank writes ``bare-equal-RANK`` beside the trace: whether the two
-ended bit-identical, i.e. whether recording changed the training's arithmetic. Both use
+Beside the recorded model, a second replica trains on the same batches without dtprof, on a
+process group of its own (so that its buckets are not the recorded model's); each rank writes
+``bare-equal-RANK`` beside the trace: whether the two ended bit-identical, i.e. whether
+recording changed the training's arithmetic. Both use
 ``gradient_as_bucket_view`` and set gradients to None only every third step, so DDP scales by
 both of its ways: multiplying gradients it copies into a bucket, dividing those that already are
 the bucket's views. A few steps after recording ends must stay bit-identical too.
 
-Usage (one process per rank, torchrun-style environment): ddp_buckets.py TRACE STEPS
+Usage (one process per rank, torchrun-style environment): ddp_buckets.py TRACE STEPS [HOW]
+HOW is ``profile(ddp_buckets=...)``: ``dispatcher`` (the default, True) or ``comm_hook``.
 """
 
 from __future__ import annotations
@@ -23,23 +25,25 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import dtprof
 
 
-def replica() -> tuple[DDP, torch.optim.Optimizer]:
+def replica(group: dist.ProcessGroup | None = None) -> tuple[DDP, torch.optim.Optimizer]:
     torch.manual_seed(0)
     model = DDP(
         nn.Sequential(*[nn.Linear(128, 128) for _ in range(6)]),
         bucket_cap_mb=0.1,
         gradient_as_bucket_view=True,
+        process_group=group,
     )
     return model, torch.optim.SGD(model.parameters(), lr=0.01)
 
 
 def main() -> None:
     trace, steps = sys.argv[1], int(sys.argv[2])
+    how = True if len(sys.argv) < 4 or sys.argv[3] == "dispatcher" else sys.argv[3]
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     model, opt = replica()
-    bare, bare_opt = replica()
+    bare, bare_opt = replica(dist.new_group(list(range(dist.get_world_size()))))
 
     def batch(step: int) -> torch.Tensor:
         return torch.randn(32, 128, generator=torch.Generator().manual_seed(rank * 99 + step))
@@ -49,7 +53,9 @@ def main() -> None:
         bare(x).square().mean().backward()
         bare_opt.step()
 
-    with dtprof.profile(trace, model=model, optimizer=opt, fingerprint_every=1) as prof:
+    with dtprof.profile(
+        trace, model=model, optimizer=opt, fingerprint_every=1, ddp_buckets=how
+    ) as prof:
         for step in range(steps):
             with prof.region("data"):
                 x = batch(step)
@@ -60,7 +66,7 @@ def main() -> None:
             prof.log(loss=loss)
             prof.step()
             train_bare(x, step)
-    for step in range(steps, steps + 4):  # after recording: dtprof's hook stays on the model
+    for step in range(steps, steps + 4):  # after recording (a comm hook stays on the model)
         x = batch(step)
         opt.zero_grad(set_to_none=step % 3 == 0)
         model(x).square().mean().backward()

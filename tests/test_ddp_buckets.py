@@ -1,0 +1,174 @@
+"""DDP's buckets seen at the dispatcher, in one process (a gloo world of one): what is recorded,
+that nothing of DDP changes, that the kernel goes at exit, and the comm-hook way where the
+dispatcher's cannot be had."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import dtprof
+from dtprof.jobs.launch import free_port
+from dtprof.record import comms
+from dtprof.record.ddp_buckets import BucketWatch
+from dtprof.record.writer import DtprofWarning
+
+PARAM_BYTES = 4 * (128 * 128 + 128) * 4
+
+
+@pytest.fixture
+def world_of_one() -> Iterator[None]:
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
+    )
+    yield
+    dist.destroy_process_group()
+
+
+def _model(**kwargs: Any) -> tuple[DDP, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    layers = [nn.Linear(128, 128) for _ in range(4)]
+    model = DDP(nn.Sequential(*layers), bucket_cap_mb=0.1, **kwargs)
+    return model, torch.optim.SGD(model.parameters(), lr=0.01)
+
+
+def _train(model: DDP, opt: torch.optim.Optimizer, prof: Any, steps: int) -> None:
+    for step in range(steps):
+        x = torch.randn(8, 128, generator=torch.Generator().manual_seed(step))
+        model(x).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+        prof.step()
+
+
+def _same(a: DDP, b: DDP) -> bool:
+    pairs = zip(a.parameters(), b.parameters(), strict=True)
+    return all(torch.equal(x, y) for x, y in pairs)
+
+
+def _kernels() -> int:
+    """Kernels registered from Python for c10d::allreduce_ under the autograd keys."""
+    dump = torch._C._dispatch_dump("c10d::allreduce_")
+    return sum(line.startswith("Autograd") for line in dump.splitlines())
+
+
+def test_buckets_are_recorded_without_a_comm_hook_and_the_kernel_goes_at_exit(
+    tmp_path: Path, world_of_one: None
+) -> None:
+    model, opt = _model()
+    bare, bare_opt = _model()
+    with dtprof.profile(tmp_path, model=model, optimizer=opt) as prof:
+        assert _kernels() == 2
+        _train(model, opt, prof, 3)
+        dist.all_reduce(torch.ones(4))  # through the Python API: recorded there, once
+    assert _kernels() == 0
+    assert model.reducer is not None and not getattr(model, "_dtprof_comm_hook", False)
+    _train(bare, bare_opt, dtprof.profile(tmp_path / "off", enabled=False), 3)
+    assert _same(model, bare)
+
+    trace = dtprof.load_trace(tmp_path)
+    assert trace.meta[0]["ddp_buckets_via"] == "dispatcher"
+    coll = trace.collectives
+    buckets = coll[coll["label"].notna()]
+    assert buckets["label"].str.fullmatch(r"ddp\.bucket\d+").all()
+    assert (buckets.groupby("step")["bytes"].sum() == PARAM_BYTES).all()
+    # numbered from 0 within every backward pass, in launch order
+    for _, labels in buckets.groupby("step")["label"]:
+        assert list(labels) == [f"ddp.bucket{i}" for i in range(len(labels))]
+    assert len(coll[coll["label"].isna()]) == 1
+    assert list(coll["seq"]) == list(range(len(coll)))
+    assert (coll["end_ns"] >= coll["start_ns"]).all()
+
+
+def test_a_comm_hook_of_the_users_own_keeps_working_and_its_buckets_are_recorded(
+    tmp_path: Path, world_of_one: None
+) -> None:
+    model, opt = _model()
+    calls = []
+
+    def hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        calls.append(bucket.index())
+        return default_hooks.allreduce_hook(state, bucket)
+
+    # DDP checks the annotations, which this module's future import makes strings
+    hook.__annotations__ = {"bucket": dist.GradBucket, "return": torch.futures.Future[torch.Tensor]}
+    model.register_comm_hook(None, hook)
+    with dtprof.profile(tmp_path, model=model, optimizer=opt) as prof:
+        _train(model, opt, prof, 2)
+    assert calls
+    coll = dtprof.load_trace(tmp_path).collectives
+    # the stock hook reduces through dist.all_reduce: recorded there, not a second time here
+    assert (
+        len(coll) == len(calls)
+        and coll.groupby("step")["bytes"].sum().tolist() == [PARAM_BYTES] * 2
+    )
+
+
+def test_used_parameters_map_is_labelled_apart_from_the_buckets(
+    tmp_path: Path, world_of_one: None
+) -> None:
+    model, opt = _model(find_unused_parameters=True)
+    with warnings.catch_warnings(), dtprof.profile(tmp_path, model=model, optimizer=opt) as prof:
+        warnings.simplefilter("ignore")
+        _train(model, opt, prof, 2)
+    coll = dtprof.load_trace(tmp_path).collectives
+    used = coll[coll["label"] == "ddp.used_parameters"]
+    assert len(used) == 2 and set(used["dtype"]) == {"int32"}
+    buckets = coll[coll["label"] != "ddp.used_parameters"]
+    assert (buckets.groupby("step")["bytes"].sum() == PARAM_BYTES).all()
+
+
+def test_a_kernel_that_raises_is_switched_off_and_training_goes_on(
+    tmp_path: Path, world_of_one: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*args: Any) -> None:
+        raise RuntimeError("planted")
+
+    monkeypatch.setattr(comms.CommRecorder, "launched", broken)
+    model, opt = _model()
+    bare, bare_opt = _model()
+    planted = "ddp buckets hook raised RuntimeError: planted"
+    with (
+        pytest.warns(DtprofWarning, match=planted),
+        dtprof.profile(tmp_path, model=model, optimizer=opt) as prof,
+    ):
+        _train(model, opt, prof, 3)
+    _train(bare, bare_opt, dtprof.profile(tmp_path / "off", enabled=False), 3)
+    assert _same(model, bare)
+    trace = dtprof.load_trace(tmp_path)
+    assert trace.meta[0]["disabled_hooks"] == ["ddp buckets"]
+    assert len(trace.steps) == 3 and _kernels() == 0
+
+
+def test_where_the_kernel_cannot_be_registered_a_comm_hook_records_the_buckets(
+    tmp_path: Path, world_of_one: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refused(self: BucketWatch, model: DDP) -> None:
+        raise RuntimeError("a kernel is already registered\nsecond line")
+
+    monkeypatch.setattr(BucketWatch, "watch", refused)
+    model, opt = _model()
+    with dtprof.profile(tmp_path, model=model, optimizer=opt) as prof:
+        _train(model, opt, prof, 2)
+    trace = dtprof.load_trace(tmp_path)
+    meta = trace.meta[0]
+    assert meta["ddp_buckets_via"] == "comm_hook"
+    assert meta["ddp_buckets_dispatcher"] == "unavailable: a kernel is already registered"
+    assert getattr(model, "_dtprof_comm_hook", False)
+    coll = trace.collectives
+    assert coll["label"].str.fullmatch(r"ddp\.bucket\d+").all()
+    assert (coll.groupby("step")["bytes"].sum() == PARAM_BYTES).all()
+
+
+def test_ddp_buckets_takes_true_false_or_comm_hook(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="ddp_buckets must be True, False or 'comm_hook'"):
+        dtprof.profile(tmp_path, ddp_buckets="dispatcher")
