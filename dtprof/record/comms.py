@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import queue
 import threading
 import time
 from collections.abc import Callable
@@ -137,6 +138,7 @@ class CommRecorder:
         self._all_reduce: tuple[Callable[..., Any], _Call] | None = None
         self._default_group: Any = None
         self._bucket_watch: Any = None
+        self._waiter: _Waiter | None = None
 
     # -- installation
 
@@ -169,6 +171,9 @@ class CommRecorder:
         watch, self._bucket_watch = self._bucket_watch, None
         if watch is not None:
             watch.uninstall()
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None:
+            waiter.stop(timeout_s=1.0)  # the completions it has seen reach the trace
         for module, name, original in reversed(self._originals):
             setattr(module, name, original)
         self._originals.clear()
@@ -324,6 +329,12 @@ class CommRecorder:
         self.inflight[token] = (
             self.prof.step_index, gname, seq, "all_reduce", nbytes, dtype, None, start, True, label
         )  # fmt: skip
+        if not first.is_cuda:
+            waiter = self._waiter
+            if waiter is None:
+                waiter = self._waiter = _Waiter(self)
+            waiter.put(token, work)
+            return
         try:
             future = work.get_future()
         except RuntimeError:  # a backend without futures: the end is unknown, not the start
@@ -379,6 +390,44 @@ class CommRecorder:
             "label",
         )
         return [dict(zip(fields, rec, strict=True)) for rec in list(self.inflight.values())]
+
+
+class _Waiter:
+    """A thread that waits for CPU operations launched from C++ and records their completion.
+
+    A future callback would run on the backend's own thread (gloo's), which then waits for the
+    GIL before it can go on to the next operation, and DDP's next bucket waits with it: in a
+    one-process training step that costs several times the callback itself. ``Work.wait()``
+    releases the GIL, so this thread holds it only to note the time. Operations are waited for
+    in launch order; one that completes before an earlier one is noted when the earlier one is.
+    (CUDA tensors keep the future callback: on a CUDA work, ``wait()`` would make this thread's
+    stream wait.)
+    """
+
+    def __init__(self, recorder: CommRecorder) -> None:
+        self._recorder = recorder
+        self._queue: queue.SimpleQueue[tuple[int, Any] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="dtprof-waiter", daemon=True)
+        self._thread.start()
+
+    def put(self, token: int, work: Any) -> None:
+        self._queue.put((token, work))
+
+    def stop(self, timeout_s: float) -> None:
+        """Finish what is queued (up to ``timeout_s``: a hung operation keeps the thread)."""
+        self._queue.put(None)
+        self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        recorder = self._recorder
+        while (item := self._queue.get()) is not None:
+            token, work = item
+            try:
+                work.wait()
+            except Exception:
+                recorder._complete(token, error=True)
+            else:
+                recorder._complete(token)
 
 
 _active: CommRecorder | None = None
