@@ -1,7 +1,9 @@
 """dtprof's DDP comm hook: records each gradient bucket's all-reduce, with DDP's own arithmetic.
 
-DDP reduces its buckets from C++, out of reach of the wrapped Python API, so dtprof registers a
-comm hook. A hook takes over the scaling DDP does without one, and DDP scales in two ways:
+DDP reduces its buckets from C++, out of reach of the wrapped Python API. ``ddp_buckets`` sees
+them at torch's dispatcher without touching DDP; this comm hook is the way where that cannot be
+had (or with ``profile(ddp_buckets="comm_hook")``). A hook takes over the scaling DDP does
+without one, and DDP scales in two ways:
 
 - a gradient copied into its bucket (the usual case, and every gradient of a model without
   ``gradient_as_bucket_view``) is multiplied by 1 / world size during the copy;
