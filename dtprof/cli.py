@@ -198,8 +198,10 @@ def _lean_arrow_allocator(source: str | None) -> None:
     if sys.platform != "linux" or platform.machine() != "x86_64":
         return
     try:
-        if os.path.isdir(source) and any(e.name.startswith("rank=") for e in os.scandir(source)):
-            return  # a dtprof trace
+        if os.path.isdir(source):
+            with os.scandir(source) as entries:
+                if any(e.name.startswith("rank=") for e in entries):
+                    return  # a dtprof trace
     except OSError:
         return  # the command says what is wrong with the path
     os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "jemalloc")

@@ -71,8 +71,9 @@ def trace_kind(path: str | os.PathLike[str]) -> str:
         raise DtprofError(
             f"{p}: not a directory (a dtprof trace is one; profiler traces end in .json[.gz])"
         )
-    if any(e.is_dir() and e.name.startswith(RANK_DIR_PREFIX) for e in os.scandir(p)):
-        return "dtprof"
+    with os.scandir(p) as entries:
+        if any(e.is_dir() and e.name.startswith(RANK_DIR_PREFIX) for e in entries):
+            return "dtprof"
     if dump_files(p):
         return "flight"
     if kineto_files(p):

@@ -62,7 +62,7 @@ def find_rank_dirs(path: Path) -> list[tuple[int, Path]]:
     if not path.is_dir():
         raise DtprofError(f"{path}: not a directory (a dtprof trace is a directory)")
     found: dict[int, Path] = {}
-    for entry in os.scandir(path):
+    for entry in list(os.scandir(path)):  # read whole: the iterator closes at its end
         if entry.is_dir() and entry.name.startswith(RANK_DIR_PREFIX):
             number = entry.name[len(RANK_DIR_PREFIX) :]
             if not number.isdigit():
@@ -159,7 +159,7 @@ def read_table(folder: Path, table: Table) -> pa.Table:
         return table.schema.empty_table()
     sealed: dict[int, Path] = {}
     live: dict[int, Path] = {}
-    for entry in os.scandir(tdir):
+    for entry in list(os.scandir(tdir)):
         name = entry.name
         if name.startswith((SEALED_PREFIX, LIVE_PREFIX)) and not entry.is_file():
             raise DtprofError(f"{entry.path}: not a regular file")
