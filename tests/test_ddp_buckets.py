@@ -4,6 +4,7 @@ dispatcher's cannot be had."""
 
 from __future__ import annotations
 
+import gc
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,6 +33,7 @@ def world_of_one() -> Iterator[None]:
     )
     yield
     dist.destroy_process_group()
+    gc.collect()  # the group's garbage (DDP models, profilers) goes here, not in a later fork
 
 
 def _model(**kwargs: Any) -> tuple[DDP, torch.optim.Optimizer]:

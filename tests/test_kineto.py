@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -375,3 +379,24 @@ def test_profiler_traces_are_read_with_jemalloc_and_dtprof_traces_are_not(
         for name, path in [("profiler", profiler), ("dtprof", tmp_path / "t")]
     }
     assert chosen == {"profiler": "jemalloc", "dtprof": "None"}
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="the import uses workers from 2 CPUs on")
+def test_import_workers_never_collect_garbage_they_inherit(tmp_path: Path) -> None:
+    """Run in a process of its own: a worker that hangs is killed with it."""
+    script = Path(__file__).parent / "jobs" / "import_with_garbage.py"
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(two_ranks(tmp_path / "k"))],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, _ = proc.communicate(timeout=90)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail("the import hung: a worker collected garbage it inherited")
+    assert proc.returncode == 0, out
+    assert out.strip().splitlines()[-1] == "[0, 1]", out

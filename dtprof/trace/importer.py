@@ -256,8 +256,19 @@ def _run(
         for i, job in queue:
             finished(i, _convert_one(*job, per_rank))
         return done
-    with ProcessPoolExecutor(max_workers=extra) as pool:
-        running: dict[Future[Any], int] = {}
+    # A forked worker inherits this process's garbage: collected there, an object such as a
+    # torch process group runs a destructor that waits for threads the worker does not have,
+    # and the worker hangs. Frozen objects are never collected, so freeze them for the fork
+    # (the workers start at the first submit) and in each worker as it starts.
+    gc.freeze()
+    try:
+        pool = ProcessPoolExecutor(max_workers=extra, initializer=gc.freeze)
+        first = queue.popleft()
+        started_first = pool.submit(_convert_one, *first[1], per_rank)
+    finally:
+        gc.unfreeze()
+    with pool:
+        running: dict[Future[Any], int] = {started_first: first[0]}
         while queue or running:
             while queue and len(running) < extra:
                 i, job = queue.popleft()
