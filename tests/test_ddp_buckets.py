@@ -174,3 +174,14 @@ def test_where_the_kernel_cannot_be_registered_a_comm_hook_records_the_buckets(
 def test_ddp_buckets_takes_true_false_or_comm_hook(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="ddp_buckets must be True, False or 'comm_hook'"):
         dtprof.profile(tmp_path, ddp_buckets="dispatcher")
+
+
+def test_parameters_on_another_device_are_left_to_the_comm_hook() -> None:
+    class OnMeta:
+        process_group = None
+
+        def parameters(self) -> list[torch.Tensor]:
+            return [torch.empty(4, device="meta")]
+
+    with pytest.raises(RuntimeError, match="parameters on meta: the kernel is for cpu, cuda"):
+        BucketWatch(None).watch(OnMeta())  # type: ignore[arg-type]

@@ -16,7 +16,8 @@ recorded: floating-point ones as ``ddp.bucketN``, N counting them within one bac
 reduces under ``find_unused_parameters`` as ``ddp.used_parameters``.
 
 Where the kernel cannot be registered (a torch without these operators, or a kernel of someone
-else's there), ``ddp_hook`` records the buckets through a comm hook instead.
+else's there) or would not see the buckets (parameters on a device other than CPU and CUDA),
+``ddp_hook`` records them through a comm hook instead.
 """
 
 from __future__ import annotations
@@ -53,7 +54,13 @@ class BucketWatch:
         self._graph_task = torch._C._current_graph_task_id
 
     def watch(self, model: torch.nn.parallel.DistributedDataParallel) -> None:
-        """Record the buckets of ``model``'s group; raises where the kernel cannot be registered."""
+        """Record the buckets of ``model``'s group; raises where the kernel cannot be registered
+        or would not see them (parameters on a device other than CPU and CUDA)."""
+        devices = {p.device.type for p in model.parameters()}
+        if not devices <= {"cpu", "cuda"}:
+            raise RuntimeError(
+                f"parameters on {', '.join(sorted(devices))}: the kernel is for cpu, cuda"
+            )
         group = model.process_group
         if group is None:
             group = c10d._get_default_group()
