@@ -64,7 +64,6 @@ class _ThreadState(threading.local):
 
 
 _tls = _ThreadState()
-_DTYPE_NAMES: dict[torch.dtype, str] = {}
 
 
 def _nbytes(obj: Any) -> tuple[int, str | None]:
@@ -315,21 +314,15 @@ class CommRecorder:
         """An all-reduce C++ launched (DDP's reducer), seen at the dispatcher: recorded from
         ``start`` to the completion of its future. What ``_enter`` does, without the argument
         parsing: this runs for every bucket of every step."""
-        gname = self._group_names.get(group)
-        if gname is None:
-            gname = self.group_name(group)
+        gname = self.group_name(group)
         seq = self._seq.get(gname, 0)
         self._seq[gname] = seq + 1
-        first = tensors[0]
-        nbytes = first.nbytes if len(tensors) == 1 else sum(t.nbytes for t in tensors)
-        dtype = _DTYPE_NAMES.get(first.dtype)
-        if dtype is None:
-            dtype = _DTYPE_NAMES[first.dtype] = str(first.dtype).removeprefix("torch.")
+        nbytes, dtype = _nbytes(tensors)
         token = next(self._ids)
         self.inflight[token] = (
             self.prof.step_index, gname, seq, "all_reduce", nbytes, dtype, None, start, True, label
         )  # fmt: skip
-        if not first.is_cuda:
+        if not tensors[0].is_cuda:
             waiter = self._waiter
             if waiter is None:
                 waiter = self._waiter = _Waiter(self)
