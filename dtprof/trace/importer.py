@@ -258,27 +258,23 @@ def _run(
         return done
     # A forked worker inherits this process's garbage: collected there, an object such as a
     # torch process group runs a destructor that waits for threads the worker does not have,
-    # and the worker hangs. Frozen objects are never collected, so freeze them for the fork
-    # (the workers start at the first submit) and in each worker as it starts.
+    # and the worker hangs. Objects frozen when a worker forks are never collected in it.
     gc.freeze()
     try:
-        pool = ProcessPoolExecutor(max_workers=extra, initializer=gc.freeze)
-        first = queue.popleft()
-        started_first = pool.submit(_convert_one, *first[1], per_rank)
+        with ProcessPoolExecutor(max_workers=extra) as pool:
+            running: dict[Future[Any], int] = {}
+            while queue or running:
+                while queue and len(running) < extra:
+                    i, job = queue.popleft()
+                    running[pool.submit(_convert_one, *job, per_rank)] = i
+                if queue:
+                    i, job = queue.popleft()
+                    finished(i, _convert_one(*job, per_rank))
+                ready, _ = wait(running, timeout=0 if queue else None, return_when=FIRST_COMPLETED)
+                for fut in ready:
+                    finished(running.pop(fut), fut.result())
     finally:
         gc.unfreeze()
-    with pool:
-        running: dict[Future[Any], int] = {started_first: first[0]}
-        while queue or running:
-            while queue and len(running) < extra:
-                i, job = queue.popleft()
-                running[pool.submit(_convert_one, *job, per_rank)] = i
-            if queue:
-                i, job = queue.popleft()
-                finished(i, _convert_one(*job, per_rank))
-            ready, _ = wait(running, timeout=0 if queue else None, return_when=FIRST_COMPLETED)
-            for fut in ready:
-                finished(running.pop(fut), fut.result())
     return done
 
 
