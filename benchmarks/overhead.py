@@ -43,6 +43,7 @@ VARIANTS = {
     "dtprof-nomodel": "dtprof without model and optimizer: no phase hooks, no DDP buckets",
     "dtprof-nobuckets": "dtprof with ddp_buckets=False: DDP's buckets unseen, every other hook on",
     "dtprof-commhook": "dtprof with ddp_buckets='comm_hook': DDP's buckets through a comm hook",
+    "dtprof-python": "dtprof with DDP's buckets seen by the Python kernel (DTPROF_NATIVE=0)",
     "ddp-builtin-hook": "no recording; DDP with PyTorch's C++ builtin allreduce comm hook",
 }
 CLASSES = 16
@@ -140,7 +141,11 @@ def _measure(args: argparse.Namespace, root: Path) -> dict[str, Any]:
 
     long_steps = args.steps * args.rounds
     _log(f"trace size: dtprof and torch.profiler blocks of {long_steps} steps")
-    block("dtprof", long_steps, "long-dtprof")
+    *_, prof = block("dtprof", long_steps, "long-dtprof")
+    meta = prof.meta
+    kernel = meta.get("ddp_buckets_kernel") or meta.get("ddp_buckets_via", "none")
+    if meta.get("ddp_buckets_native"):
+        kernel += f" (native: {meta['ddp_buckets_native']})"
     kineto_json = root / f"kineto-{rank}.json"
     if "torch.profiler" in modes:
         *_, kineto = block("torch.profiler", long_steps, "long-torch.profiler")
@@ -162,6 +167,7 @@ def _measure(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     _log("a training step alone: one process, one-rank group")
     steps_alone = _steps_alone(args, root)
     return {
+        "kernel": kernel,
         "wall": wall,
         "cpu": cpu,
         "sizes": sizes,
@@ -171,7 +177,7 @@ def _measure(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     }
 
 
-ALONE_MODES = ("bare", "ddp-hook", "dtprof-nobuckets", "dtprof-commhook", "dtprof")
+ALONE_MODES = ("bare", "ddp-hook", "dtprof-nobuckets", "dtprof-commhook", "dtprof-python", "dtprof")
 
 
 def _replica(args: argparse.Namespace, mode: str, group: Any = None) -> tuple[Any, Any]:
@@ -256,6 +262,10 @@ def _train(
     elif mode == "torch.profiler":
         ctx = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
     recorded = mode.startswith("dtprof")
+    if mode == "dtprof-python":
+        os.environ["DTPROF_NATIVE"] = "0"  # read when the profile starts
+    else:
+        os.environ.pop("DTPROF_NATIVE", None)
     wall, cpu = [], []
     dist.barrier(group=group)
     with ctx as prof:
@@ -427,6 +437,7 @@ def report(args: argparse.Namespace, ranks: list[dict[str, Any]]) -> tuple[str, 
         f" {args.rounds} rounds x {args.steps} steps per mode, interleaved",
         f"machine: {os.cpu_count()} CPUs, load average {args.load_before:.1f} before,"
         f" {os.getloadavg()[0]:.1f} after (above the CPU count, timings are noisy)",
+        f"dtprof sees DDP's buckets with the {ranks[0].get('kernel')} kernel",
         "",
         f"{'mode':<16}{'median':>8}{'p90':>8}{'mean':>8}{'ratio':>8}  {'per-round ratio':<22}"
         f"{'CPU':>7}{'ratio':>7}",
@@ -501,6 +512,7 @@ def report(args: argparse.Namespace, ranks: list[dict[str, Any]]) -> tuple[str, 
         f"{what} {ratios[mode]:.3f} (CPU {cpu_ratios[mode]:.3f})"
         for mode, what in (
             ("dtprof-nobuckets", "dtprof without DDP's buckets (ddp_buckets=False)"),
+            ("dtprof-python", "with them seen by the Python kernel"),
             ("dtprof-commhook", "with them through its comm hook"),
             ("ddp-hook", "PyTorch's stock DDP comm hook alone"),
             ("bare-2", "a second bare replica, the noise floor"),
@@ -550,7 +562,8 @@ def _steps_alone_lines(alone: dict[str, list[list[int]]], step_ms: float) -> lis
         ("ddp-hook", "bare", "PyTorch's Python DDP comm hook (no recording)"),
         ("dtprof", "bare", "dtprof, everything on"),
         ("dtprof-nobuckets", "bare", "dtprof without DDP's buckets"),
-        ("dtprof", "dtprof-nobuckets", "DDP's buckets, seen at the dispatcher"),
+        ("dtprof", "dtprof-nobuckets", "DDP's buckets, the default kernel (above)"),
+        ("dtprof-python", "dtprof-nobuckets", "DDP's buckets, the Python kernel"),
         ("dtprof-commhook", "dtprof-nobuckets", "DDP's buckets, through dtprof's comm hook"),
     ):
         us = cost(mode, base)

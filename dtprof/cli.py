@@ -117,6 +117,22 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     return serve(args.trace, args.host, args.port, speed=args.speed)
 
 
+def _cmd_build_native(args: argparse.Namespace) -> int:
+    """Build the native kernel that records DDP's buckets at about no cost, for the torch in
+    this environment (once per torch build; needs a C++ compiler and ninja)."""
+    import time
+
+    try:
+        from dtprof.record import native
+    except ImportError as exc:  # no torch here
+        raise DtprofError(f"the native kernel needs torch ({exc})") from None
+    started = time.monotonic()
+    print("dtprof: building the native kernel (10-30 s) ...", file=sys.stderr, flush=True)
+    path = native.build(verbose=args.verbose)
+    print(f"dtprof: native kernel built in {time.monotonic() - started:.1f} s: {path}")
+    return 0
+
+
 def _add_server_args(cmd: argparse.ArgumentParser) -> None:
     cmd.add_argument(
         "trace", help="trace directory written by dtprof.profile(), or PyTorch profiler traces"
@@ -176,6 +192,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_server_args(db)
     db.set_defaults(func=_cmd_dashboard)
+    bn = sub.add_parser(
+        "build-native", help=_cmd_build_native.__doc__, description=_cmd_build_native.__doc__
+    )
+    bn.add_argument("--verbose", action="store_true", help="show the compiler's output")
+    bn.set_defaults(func=_cmd_build_native)
     rp = sub.add_parser("replay", help=_cmd_replay.__doc__, description=_cmd_replay.__doc__)
     _add_server_args(rp)
     rp.add_argument("--speed", type=float, default=1.0, help="times real time (default: 1)")

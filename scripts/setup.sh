@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Create .venv with dtprof installed in it. Torch is installed only if the environment has none:
 # TORCH_SPEC (default torch==2.13.0) picks the build; users with their own torch keep it.
-# DTPROF_EXTRAS=test adds the test tools. pip's output goes to .venv/setup.log.
+# DTPROF_EXTRAS=test adds the test tools. pip's output goes to .venv/setup.log. Then the native
+# kernel is built (scripts/native.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -23,7 +24,8 @@ if ! python -c "import torch" 2>/dev/null; then
   echo "setup: installing ${TORCH_SPEC:-torch==2.13.0}"
   pip_install "${TORCH_SPEC:-torch==2.13.0}"
 fi
-extras=${DTPROF_EXTRAS:-}
-echo "setup: installing dtprof${extras:+[$extras]} (editable)"
-pip_install -e ".${extras:+[$extras]}"
+extras=native${DTPROF_EXTRAS:+,$DTPROF_EXTRAS}
+echo "setup: installing dtprof[$extras] (editable)"
+pip_install -e ".[$extras]"
 python -c "import torch, dtprof; print(f'setup: dtprof {dtprof.__version__}, torch {torch.__version__}')"
+bash scripts/native.sh

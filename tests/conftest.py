@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -34,3 +35,15 @@ def run_job(tmp_path: Path):
         return trace
 
     return run
+
+
+def native_kernel_or_skip() -> None:
+    """Skip where the native kernel is not built (``dtprof build-native``; scripts/test.sh
+    builds it). In CI it must be there: its absence fails the test."""
+    from dtprof.record import native
+
+    loaded, why_not = native.load()
+    if loaded is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"the native kernel is needed in CI: {why_not}")
+        pytest.skip(f"the native kernel: {why_not}")

@@ -1,6 +1,7 @@
 """DDP's buckets seen at the dispatcher, in one process (a gloo world of one): what is recorded,
-that nothing of DDP changes, that the kernel goes at exit, and the comm-hook way where the
-dispatcher's cannot be had."""
+by the native kernel and by the Python one, that nothing of DDP changes, that the kernel goes
+at exit, and the fallbacks: the Python kernel where the native one cannot be had, the comm hook
+where neither can."""
 
 from __future__ import annotations
 
@@ -20,8 +21,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import dtprof
 from dtprof.jobs.launch import free_port
 from dtprof.record import comms
-from dtprof.record.ddp_buckets import BucketWatch
+from dtprof.record.ddp_buckets import BucketWatch, NativeBuckets
 from dtprof.record.writer import DtprofWarning
+from tests.conftest import native_kernel_or_skip
 
 PARAM_BYTES = 4 * (128 * 128 + 128) * 4
 
@@ -34,6 +36,16 @@ def world_of_one() -> Iterator[None]:
     yield
     dist.destroy_process_group()
     gc.collect()  # the group's garbage (DDP models, profilers) goes here, not in a later fork
+
+
+@pytest.fixture(params=["native", "python"])
+def kernel(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Which kernel records: the native one (where built) or the Python one."""
+    if request.param == "native":
+        native_kernel_or_skip()
+    else:
+        monkeypatch.setenv("DTPROF_NATIVE", "0")
+    return str(request.param)
 
 
 def _model(**kwargs: Any) -> tuple[DDP, torch.optim.Optimizer]:
@@ -64,7 +76,7 @@ def _kernels() -> int:
 
 
 def test_buckets_are_recorded_without_a_comm_hook_and_the_kernel_goes_at_exit(
-    tmp_path: Path, world_of_one: None
+    tmp_path: Path, world_of_one: None, kernel: str
 ) -> None:
     model, opt = _model()
     bare, bare_opt = _model()
@@ -79,6 +91,7 @@ def test_buckets_are_recorded_without_a_comm_hook_and_the_kernel_goes_at_exit(
 
     trace = dtprof.load_trace(tmp_path)
     assert trace.meta[0]["ddp_buckets_via"] == "dispatcher"
+    assert trace.meta[0]["ddp_buckets_kernel"] == kernel
     # rows are written as operations complete: a bucket's may come after a later sync call's
     coll = trace.collectives.sort_values("seq", ignore_index=True)
     buckets = coll[coll["label"].notna()]
@@ -93,7 +106,7 @@ def test_buckets_are_recorded_without_a_comm_hook_and_the_kernel_goes_at_exit(
 
 
 def test_a_comm_hook_of_the_users_own_keeps_working_and_its_buckets_are_recorded(
-    tmp_path: Path, world_of_one: None
+    tmp_path: Path, world_of_one: None, kernel: str
 ) -> None:
     model, opt = _model()
     calls = []
@@ -117,7 +130,7 @@ def test_a_comm_hook_of_the_users_own_keeps_working_and_its_buckets_are_recorded
 
 
 def test_used_parameters_map_is_labelled_apart_from_the_buckets(
-    tmp_path: Path, world_of_one: None
+    tmp_path: Path, world_of_one: None, kernel: str
 ) -> None:
     model, opt = _model(find_unused_parameters=True)
     with warnings.catch_warnings(), dtprof.profile(tmp_path, model=model, optimizer=opt) as prof:
@@ -131,12 +144,15 @@ def test_used_parameters_map_is_labelled_apart_from_the_buckets(
 
 
 def test_a_kernel_that_raises_is_switched_off_and_training_goes_on(
-    tmp_path: Path, world_of_one: None, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, world_of_one: None, monkeypatch: pytest.MonkeyPatch, kernel: str
 ) -> None:
-    def broken(*args: Any) -> None:
+    def broken(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("planted")
 
-    monkeypatch.setattr(comms.CommRecorder, "launched", broken)
+    if kernel == "native":  # its records fail to become rows
+        monkeypatch.setattr(NativeBuckets, "_row", broken)
+    else:
+        monkeypatch.setattr(comms.CommRecorder, "launched", broken)
     model, opt = _model()
     bare, bare_opt = _model()
     planted = "ddp buckets hook raised RuntimeError: planted"
@@ -152,12 +168,35 @@ def test_a_kernel_that_raises_is_switched_off_and_training_goes_on(
     assert len(trace.steps) == 3 and _kernels() == 0
 
 
-def test_where_the_kernel_cannot_be_registered_a_comm_hook_records_the_buckets(
+def test_where_the_native_kernel_cannot_watch_the_python_kernel_records_the_buckets(
+    tmp_path: Path, world_of_one: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    native_kernel_or_skip()
+
+    def refused(self: NativeBuckets, model: DDP) -> None:
+        raise RuntimeError("refused\nsecond line")
+
+    monkeypatch.setattr(NativeBuckets, "watch", refused)
+    model, opt = _model()
+    with dtprof.profile(tmp_path, model=model, optimizer=opt) as prof:
+        _train(model, opt, prof, 2)
+    assert _kernels() == 0
+    meta = dtprof.load_trace(tmp_path).meta[0]
+    assert (meta["ddp_buckets_kernel"], meta["ddp_buckets_native"]) == (
+        "python",
+        "unavailable: refused",
+    )
+    coll = dtprof.load_trace(tmp_path).collectives
+    assert (coll.groupby("step")["bytes"].sum() == PARAM_BYTES).all()
+
+
+def test_where_no_kernel_can_be_registered_a_comm_hook_records_the_buckets(
     tmp_path: Path, world_of_one: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     def refused(self: BucketWatch, model: DDP) -> None:
         raise RuntimeError("a kernel is already registered\nsecond line")
 
+    monkeypatch.setenv("DTPROF_NATIVE", "0")
     monkeypatch.setattr(BucketWatch, "watch", refused)
     model, opt = _model()
     with dtprof.profile(tmp_path, model=model, optimizer=opt) as prof:

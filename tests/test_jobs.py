@@ -11,7 +11,7 @@ import pytest
 
 import dtprof
 from dtprof.jobs import launch
-from tests.conftest import logs_of
+from tests.conftest import logs_of, native_kernel_or_skip
 
 pytestmark = pytest.mark.multiprocess
 
@@ -24,14 +24,18 @@ def _matched(coll: pd.DataFrame, world: int) -> pd.DataFrame:
     )
 
 
-@pytest.mark.parametrize("how", ["dispatcher", "comm_hook"])
+@pytest.mark.parametrize("how", ["native", "python", "comm_hook"])
 def test_ddp_steps_buckets_sequence_numbers_clocks_fingerprints(tmp_path: Path, how: str) -> None:
+    """``how``: DDP's buckets seen by the native kernel, the Python one, or a comm hook."""
+    if how == "native":
+        native_kernel_or_skip()
     trace_dir, world, steps = tmp_path / "trace", 3, 12
     script = Path(__file__).parent / "jobs" / "ddp_buckets.py"
     procs = launch.start_command(
         [sys.executable, str(script), str(trace_dir), str(steps), how],
         world,
         log_dir=tmp_path / "logs",
+        env={"DTPROF_NATIVE": "0"} if how == "python" else None,
     )
     assert launch.wait(procs, 180) == [0] * world, logs_of(tmp_path / "logs")
     trace = dtprof.load_trace(trace_dir)
@@ -43,7 +47,10 @@ def test_ddp_steps_buckets_sequence_numbers_clocks_fingerprints(tmp_path: Path, 
     assert (counts[["data", "forward", "backward", "optimizer"]] == 1).all().all()
 
     # DDP buckets: several per step, labelled, together the size of all gradients
-    assert {m.get("ddp_buckets_via") for m in trace.meta.values()} == {how}
+    via = "comm_hook" if how == "comm_hook" else "dispatcher"
+    assert {m.get("ddp_buckets_via") for m in trace.meta.values()} == {via}
+    if via == "dispatcher":
+        assert {m.get("ddp_buckets_kernel") for m in trace.meta.values()} == {how}
     coll = trace.collectives
     assert set(coll["op"]) == {"all_reduce"}
     assert coll["label"].str.fullmatch(r"ddp\.bucket\d+").all()

@@ -207,25 +207,27 @@ def all_ops(args: argparse.Namespace) -> None:
 
 
 def faulty_hooks(args: argparse.Namespace) -> None:
-    """DDP where dtprof's own phase hooks and its recording of DDP's buckets start raising at
-    step 3."""
+    """DDP where dtprof's own phase hooks and its recording of DDP's buckets (by whichever
+    kernel records them) start raising at about step 3."""
     from dtprof.jobs.worker import train_loop
-    from dtprof.record import comms, phases
+    from dtprof.record import comms, ddp_buckets, phases
 
-    counter = {"calls": 0}
-    real_leaves, real_launched = phases.tree_leaves, comms.CommRecorder.launched
+    def broken(real: Callable[..., object], after: int) -> Callable[..., object]:
+        calls = 0
 
-    def broken(real: Callable[..., object]) -> Callable[..., object]:
         def call(*a: object, **k: object) -> object:
-            counter["calls"] += 1
-            if counter["calls"] > 12:
+            nonlocal calls
+            calls += 1
+            if calls > after:
                 raise ValueError("injected fault")
             return real(*a, **k)
 
         return call
 
-    phases.tree_leaves = broken(real_leaves)  # type: ignore[assignment]
-    comms.CommRecorder.launched = broken(real_launched)  # type: ignore[method-assign,assignment]
+    # one call per forward pass; about two buckets per step
+    phases.tree_leaves = broken(phases.tree_leaves, 3)  # type: ignore[assignment]
+    comms.CommRecorder.launched = broken(comms.CommRecorder.launched, 6)  # type: ignore[method-assign,assignment]
+    ddp_buckets.NativeBuckets._row = broken(ddp_buckets.NativeBuckets._row, 6)  # type: ignore[method-assign,assignment]
     model, opt = _ddp(args)
     train_loop(args, model, opt)
 

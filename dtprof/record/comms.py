@@ -9,6 +9,7 @@ records them at torch's dispatcher, or ``ddp_hook`` through a comm hook where it
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import itertools
 import queue
@@ -138,6 +139,8 @@ class CommRecorder:
         self._default_group: Any = None
         self._bucket_watch: Any = None
         self._waiter: _Waiter | None = None
+        self._native: Any = None  # ddp_buckets.NativeBuckets, where the native kernel records
+        self._native_slots: dict[str, int] = {}  # group name -> its counter in native memory
 
     # -- installation
 
@@ -157,19 +160,62 @@ class CommRecorder:
                     self._originals.append((module, api_name, original))
                     setattr(module, api_name, wrapper)
 
-    def watch_ddp(self, model: torch.nn.parallel.DistributedDataParallel) -> None:
-        """Record ``model``'s gradient buckets at the dispatcher (raises where it cannot)."""
-        if self._bucket_watch is None:
-            from dtprof.record.ddp_buckets import BucketWatch
+    def watch_ddp(self, model: torch.nn.parallel.DistributedDataParallel, native: Any) -> str:
+        """Record ``model``'s gradient buckets at the dispatcher (raises where it cannot): with
+        the ``native`` kernel where given and it can, else with the Python one. Which: the
+        kernel's name, and why not the native one where it was given and not used."""
+        from dtprof.record import ddp_buckets
 
-            self._bucket_watch = BucketWatch(self)
+        if self._native is not None or (native is not None and self._bucket_watch is None):
+            if self._native is None:
+                self._native = ddp_buckets.NativeBuckets(self, native)
+            try:
+                self._native.watch(model)
+                return "native"
+            except Exception as exc:
+                if not self._native.names:  # nothing watched: leave it to the Python kernel
+                    self._native.uninstall()
+                    self._native = None
+                    self._native_slots.clear()
+                    self.prof.meta["ddp_buckets_native"] = f"unavailable: {exc}".splitlines()[0]
+                else:
+                    raise
+        if self._bucket_watch is None:
+            self._bucket_watch = ddp_buckets.BucketWatch(self)
         self._bucket_watch.watch(model)
+        return "python"
+
+    def take_native_seq(self, name: str, slot: int) -> int:
+        """Hand group ``name``'s sequence counter to native memory (slot ``slot``): from now on
+        both sides number that group's operations from there. Returns the next number."""
+        self._native_slots[name] = slot
+        return self._seq.pop(name, 0)
+
+    def set_step(self, step: int) -> None:
+        if self._native is not None:
+            self._native.set_step(step)
+
+    def sync_native(self) -> None:
+        """The native kernel's records into the trace (the writer's tick)."""
+        if self._native is not None:
+            self._native.sync()
+
+    def _api_depth(self, depth: int) -> None:
+        """Inside (1) or out of (0) a recorded API call on this thread: the process-group call
+        the call ends in is not recorded again, by either kernel."""
+        _tls.depth = depth
+        if self._native is not None:
+            self._native.native.depth_flag().value = depth
 
     def uninstall(self) -> None:
         self.enabled = False
         watch, self._bucket_watch = self._bucket_watch, None
         if watch is not None:
             watch.uninstall()
+        native, self._native = self._native, None
+        if native is not None:
+            with contextlib.suppress(Exception):
+                native.uninstall(timeout_s=1.0)  # what completes in time reaches the trace
         waiter, self._waiter = self._waiter, None
         if waiter is not None:
             waiter.stop(timeout_s=1.0)  # the completions it has seen reach the trace
@@ -191,14 +237,14 @@ class CommRecorder:
             except Exception as exc:
                 recorder.prof.hook_failed("collectives", exc)
                 return original(*args, **kwargs)
-            _tls.depth = 1
+            recorder._api_depth(1)
             try:
                 result = original(*args, **kwargs)
             except BaseException:
-                _tls.depth = 0
+                recorder._api_depth(0)
                 recorder._complete(token, error=True)
                 raise
-            _tls.depth = 0
+            recorder._api_depth(0)
             try:
                 return recorder._exit(token, call, result)
             except Exception as exc:
@@ -254,8 +300,14 @@ class CommRecorder:
             if peer is not None:
                 src, dst = (self.rank, peer) if call.op in P2P_SEND else (peer, self.rank)
                 key = (gname, src, dst)
-            seq = self._seq.get(key, 0)
-            self._seq[key] = seq + 1
+            slot = self._native_slots.get(key) if self._native_slots else None
+            if slot is None:
+                seq = self._seq.get(key, 0)
+                self._seq[key] = seq + 1
+            else:  # a group the native kernel records on: one counter for both
+                shared = self._native.native.shared
+                seq = shared[1 + slot]
+                shared[1 + slot] = seq + 1
         token = next(self._ids)
         self.inflight[token] = (
             self.prof.step_index,
@@ -350,11 +402,11 @@ class CommRecorder:
         except Exception as exc:
             self.prof.hook_failed("collectives", exc)
         # the process group's own allreduce: what dist.all_reduce ends in, minus its checks
-        _tls.depth = 1
+        self._api_depth(1)
         try:
             future = group.allreduce([tensor]).get_future()
         finally:
-            _tls.depth = 0
+            self._api_depth(0)
         return future.then(partial(self._bucket_done, token))
 
     def _bucket_done(self, token: int | None, future: Any) -> torch.Tensor:

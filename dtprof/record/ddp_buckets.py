@@ -15,13 +15,18 @@ recorded: floating-point ones as ``ddp.bucketN``, N counting them within one bac
 (DDP launches its buckets in index order), and the integer map of used parameters that DDP
 reduces under ``find_unused_parameters`` as ``ddp.used_parameters``.
 
-Where the kernel cannot be registered (a torch without these operators, or a kernel of someone
-else's there) or would not see the buckets (parameters on a device other than CPU and CUDA),
-``ddp_hook`` records them through a comm hook instead.
+Where it is built (``dtprof build-native``), the same kernel in C++ (:class:`NativeBuckets`,
+``native/buckets.cpp``) does this with no Python on a bucket's path: a Python kernel costs about
+50-100 µs per bucket inside a backward pass, the native one about nothing. Where neither can be
+registered (a torch without these operators, or a kernel of someone else's there) or would not
+see the buckets (parameters on a device other than CPU and CUDA), ``ddp_hook`` records them
+through a comm hook instead.
 """
 
 from __future__ import annotations
 
+import contextlib
+import time
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -32,6 +37,7 @@ from dtprof.record import comms
 
 if TYPE_CHECKING:
     from dtprof.record.comms import CommRecorder
+    from dtprof.record.native import Native
 
 KEYS = ("AutogradCPU", "AutogradCUDA")
 
@@ -56,14 +62,7 @@ class BucketWatch:
     def watch(self, model: torch.nn.parallel.DistributedDataParallel) -> None:
         """Record the buckets of ``model``'s group; raises where the kernel cannot be registered
         or would not see them (parameters on a device other than CPU and CUDA)."""
-        devices = {p.device.type for p in model.parameters()}
-        if not devices <= {"cpu", "cuda"}:
-            raise RuntimeError(
-                f"parameters on {', '.join(sorted(devices))}: the kernel is for cpu, cuda"
-            )
-        group = model.process_group
-        if group is None:
-            group = c10d._get_default_group()
+        group = ddp_group(model)
         if self._lib is None:
             lib = torch.library.Library("c10d", "IMPL")
             try:
@@ -107,3 +106,107 @@ class BucketWatch:
         else:
             label = "ddp.used_parameters"
         self.recorder.launched(group, tensors, start, label, self._unbox_work(work))
+
+
+def ddp_group(model: torch.nn.parallel.DistributedDataParallel) -> Any:
+    """The process group of ``model``'s buckets; raises where a kernel under the CPU and CUDA
+    autograd keys would not see them."""
+    devices = {p.device.type for p in model.parameters()}
+    if not devices <= {"cpu", "cuda"}:
+        on = ", ".join(sorted(devices))
+        raise RuntimeError(f"parameters on {on}: the kernel is for cpu, cuda")
+    group = model.process_group
+    return c10d._get_default_group() if group is None else group
+
+
+class NativeBuckets:
+    """The C++ kernel (``native/buckets.cpp``): what BucketWatch records, with no Python on a
+    bucket's path. Its records reach the trace when :meth:`sync` drains them, on the writer's
+    tick and at the end; operations still in flight then are in the recorder's in-flight
+    table (inflight.json, the hang watchdog) until they complete."""
+
+    def __init__(self, recorder: CommRecorder, native: Native) -> None:
+        self.recorder = recorder
+        self.native = native
+        self.ops = native.ops
+        self.enabled = True
+        self.names: dict[int, str] = {}  # slot -> group name
+        self._buckets: dict[int, list[int]] = {}  # slot -> [graph task, next bucket index]
+        self._labels: dict[int, str] = {}  # record id -> label, given in launch order
+        self._seen = -1  # the highest record id labelled
+        self._installed = False
+
+    def watch(self, model: torch.nn.parallel.DistributedDataParallel) -> None:
+        group = ddp_group(model)
+        if not self._installed:
+            self.ops.install()
+            self._installed = True
+        slot = int(self.ops.watch(group.boxed()))
+        name = self.recorder.group_name(group)
+        if slot not in self.names:
+            # the group's sequence numbers go on from where Python's count is
+            self.native.shared[1 + slot] = self.recorder.take_native_seq(name, slot)
+            self.names[slot] = name
+            self._buckets[slot] = [-2, 0]
+
+    def uninstall(self, timeout_s: float = 1.0) -> None:
+        """Deregister the kernel, wait up to ``timeout_s`` for what is in flight, drain."""
+        if not self._installed:
+            return
+        self._installed = False
+        self.ops.uninstall()
+        deadline = comms.now_ns() + int(timeout_s * 1e9)
+        while self.ops.pending().shape[0] and comms.now_ns() < deadline:
+            time.sleep(0.005)
+        self.sync()
+
+    def set_step(self, step: int) -> None:
+        self.native.shared[0] = step
+
+    def sync(self) -> None:
+        """Completed records into the trace; those in flight into the in-flight table."""
+        if not self.enabled:
+            return
+        try:
+            failure = str(self.ops.failed())
+            if failure:
+                raise RuntimeError(failure)
+            done = self.ops.drain().tolist()
+            pending = self.ops.pending().tolist()
+            self._label(done, pending)
+            rec = self.recorder
+            for row in done:
+                rec.inflight.pop(-1 - row[0], None)
+                rec.out.append(self._row(row, end=row[5]))
+            for row in pending:
+                rec.inflight[-1 - row[0]] = self._row(row)
+        except Exception as exc:
+            self.enabled = False
+            with contextlib.suppress(Exception):
+                self.ops.uninstall()  # training goes on without the kernel
+            self.recorder.prof.hook_failed("ddp buckets", exc)
+
+    def _label(self, done: list[list[int]], pending: list[list[int]]) -> None:
+        """Labels in launch order (record ids), for ids not seen before."""
+        fresh = sorted((r for r in done + pending if r[0] > self._seen), key=lambda r: r[0])
+        for rid, slot, _seq, _step, _s, _e, _n, _d, floating, task, _err in fresh:
+            if floating:
+                watched = self._buckets[slot]
+                if task != watched[0]:
+                    watched[0], watched[1] = task, 0
+                self._labels[rid] = f"ddp.bucket{watched[1]}"
+                watched[1] += 1
+            else:
+                self._labels[rid] = "ddp.used_parameters"
+            self._seen = rid
+
+    def _row(self, row: list[int], end: int | None = None) -> tuple[Any, ...]:
+        """A collectives row (with ``end``), or an in-flight record (without)."""
+        rid, slot, seq, step, start, _end, nbytes, dtype, _f, _task, error = row
+        label = self._labels.pop(rid, None) if end is not None else self._labels.get(rid)
+        if end is not None and error:
+            label = f"{label};error" if label else "error"
+        head = (step, self.names[slot], seq, "all_reduce", nbytes, self.native.dtype_name(dtype))
+        if end is None:
+            return (*head, None, start, True, label)
+        return (*head, None, start, end, True, label)

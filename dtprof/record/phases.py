@@ -62,13 +62,19 @@ class PhaseHooks:
             self.prof.meta["ddp_buckets_via"] = "comm_hook"
             return
         if self.prof.ddp_buckets != "comm_hook":
+            from dtprof.record import native as native_kernel
+
+            native, why_not = native_kernel.load()
+            if why_not:
+                self.prof.meta["ddp_buckets_native"] = why_not
             try:
-                self.prof.comms.watch_ddp(model)
+                kernel = self.prof.comms.watch_ddp(model, native)
             except Exception as exc:
                 self.prof.meta["ddp_buckets_dispatcher"] = f"unavailable: {exc}".splitlines()[0]
             else:
                 self.ddp_buckets = True
                 self.prof.meta["ddp_buckets_via"] = "dispatcher"
+                self.prof.meta["ddp_buckets_kernel"] = kernel
                 return
         try:
             ddp_hook.install(model)

@@ -304,6 +304,7 @@ class Profiler:
         # the next step starts after dtprof's own per-step work, so that its time is charged
         # to neither step (a fingerprint shows as its own span)
         self.step_index = step + 1
+        self.comms.set_step(step + 1)
         self.step_start_ns = t
         if "phases" in self._removers:
             self.phases.data_from_ns = t
@@ -356,6 +357,7 @@ class Profiler:
         if "writer-tick" in self._off:
             return
         try:
+            self.comms.sync_native()
             self._resolve_pending_scalars()
             self.gpu.maybe_sample()
             self.watchdog.check()

@@ -429,7 +429,7 @@ def convert_dumps(folder: Path, out: Path) -> int:
 
 def resolve_dumps(path: Path) -> Path:
     """A dtprof trace for Flight Recorder dumps: converted once into the cache, then reused."""
-    from dtprof.trace.importer import cache_root
+    from dtprof.cache import cache_root
 
     files = dump_files(path) if path.is_dir() else [path]
     key = hashlib.sha1(f"{__version__}/{SCHEMA_VERSION}/{FLIGHT_VERSION}".encode())

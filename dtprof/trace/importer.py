@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dtprof import __version__
+from dtprof.cache import cache_root
 from dtprof.errors import DtprofError
 from dtprof.trace.kineto import rank_from_name, read_kineto
 from dtprof.trace.kineto_map import SEQ_FROM, rank_meta, rank_tables
@@ -86,14 +87,6 @@ def trace_kind(path: str | os.PathLike[str]) -> str:
 
 def _files(path: Path) -> list[Path]:
     return [path] if path.is_file() else kineto_files(path)
-
-
-def cache_root() -> Path:
-    """$DTPROF_CACHE_DIR, else $XDG_CACHE_HOME/dtprof, else ~/.cache/dtprof."""
-    if os.environ.get("DTPROF_CACHE_DIR"):
-        return Path(os.environ["DTPROF_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "dtprof"
 
 
 def cache_path(path: Path) -> Path:

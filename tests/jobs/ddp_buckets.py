@@ -9,7 +9,8 @@ both of its ways: multiplying gradients it copies into a bucket, dividing those 
 the bucket's views. A few steps after recording ends must stay bit-identical too.
 
 Usage (one process per rank, torchrun-style environment): ddp_buckets.py TRACE STEPS [HOW]
-HOW is ``profile(ddp_buckets=...)``: ``dispatcher`` (the default, True) or ``comm_hook``.
+HOW is ``comm_hook`` for ``profile(ddp_buckets="comm_hook")``; anything else (``native``,
+``python``: which kernel, the environment's ``DTPROF_NATIVE`` picks) is the default, True.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def replica(group: dist.ProcessGroup | None = None) -> tuple[DDP, torch.optim.Op
 
 def main() -> None:
     trace, steps = sys.argv[1], int(sys.argv[2])
-    how = True if len(sys.argv) < 4 or sys.argv[3] == "dispatcher" else sys.argv[3]
+    how = "comm_hook" if len(sys.argv) > 3 and sys.argv[3] == "comm_hook" else True
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank = dist.get_rank()

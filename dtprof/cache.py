@@ -1,0 +1,14 @@
+"""Where dtprof keeps what it can make again: converted traces, the native kernel's build."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def cache_root() -> Path:
+    """$DTPROF_CACHE_DIR, else $XDG_CACHE_HOME/dtprof, else ~/.cache/dtprof."""
+    if os.environ.get("DTPROF_CACHE_DIR"):
+        return Path(os.environ["DTPROF_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "dtprof"
