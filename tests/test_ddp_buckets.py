@@ -225,3 +225,73 @@ def test_parameters_on_another_device_are_left_to_the_comm_hook() -> None:
 
     with pytest.raises(RuntimeError, match="parameters on meta: the kernel is for cpu, cuda"):
         BucketWatch(None).watch(OnMeta())  # type: ignore[arg-type]
+
+
+class _FakeOps:
+    """The native library's draining operators, fed by the test."""
+
+    def __init__(self) -> None:
+        self.done: list[list[int]] = []
+        self.pending_rows: list[list[int]] = []
+        self.failure = ""
+
+    def drain(self) -> torch.Tensor:
+        rows, self.done = self.done, []
+        return torch.tensor(rows, dtype=torch.int64).reshape(-1, 11)
+
+    def pending(self) -> torch.Tensor:
+        return torch.tensor(self.pending_rows, dtype=torch.int64).reshape(-1, 11)
+
+    def failed(self) -> str:
+        return self.failure
+
+    def uninstall(self) -> None:
+        pass
+
+
+class _FakeRecorder:
+    def __init__(self) -> None:
+        self.inflight: dict[int, tuple[Any, ...]] = {}
+        self.out: list[tuple[Any, ...]] = []
+        self.failed: list[str] = []
+        self.prof = self
+
+    def hook_failed(self, name: str, exc: BaseException) -> None:
+        self.failed.append(f"{name}: {exc}")
+
+
+def _row(rid: int, seq: int, task: int, floating: int = 1, end: int = -1, error: int = 0) -> list:
+    # id, slot, seq, step, start, end, bytes, dtype, floating, graph task, error
+    return [rid, 0, seq, 7, 1000 + rid, end, 64, 6, floating, task, error]
+
+
+def test_native_records_become_rows_in_flight_first_and_labelled_in_launch_order() -> None:
+    ops, recorder = _FakeOps(), _FakeRecorder()
+    native = type("N", (), {"ops": ops, "dtype_name": staticmethod(lambda code: "float32")})()
+    watch = NativeBuckets(recorder, native)  # type: ignore[arg-type]
+    watch.names[0], watch._buckets[0] = "0", [-2, 0]
+    # tick 1: bucket 0 of backward pass 5 done, bucket 1 still in flight
+    ops.done, ops.pending_rows = [_row(0, 0, 5, end=2000)], [_row(1, 1, 5)]
+    watch.sync()
+    assert recorder.out == [(7, "0", 0, "all_reduce", 64, "float32", None, 1000, 2000, True,
+                             "ddp.bucket0")]  # fmt: skip
+    assert recorder.inflight == {
+        -2: (7, "0", 1, "all_reduce", 64, "float32", None, 1001, True, "ddp.bucket1")
+    }
+    # tick 2: it completes with an error; the next backward pass starts counting again, and
+    # the integer map of used parameters is labelled apart
+    ops.done = [_row(1, 1, 5, end=3000, error=1), _row(2, 2, 6, end=3500),
+                _row(3, 3, 6, floating=0, end=3600)]  # fmt: skip
+    ops.pending_rows = []
+    watch.sync()
+    assert [(r[2], r[8], r[10]) for r in recorder.out[1:]] == [
+        (1, 3000, "ddp.bucket1;error"),
+        (2, 3500, "ddp.bucket0"),
+        (3, 3600, "ddp.used_parameters"),
+    ]
+    assert recorder.inflight == {} and watch._labels == {}
+    # a failure the library reports switches the recording off, once
+    ops.failure = "reading the call: boom"
+    watch.sync()
+    watch.sync()
+    assert recorder.failed == ["ddp buckets: reading the call: boom"] and not watch.enabled

@@ -11,6 +11,7 @@ import pytest
 
 import dtprof
 from dtprof.jobs import launch
+from dtprof.trace.info import describe
 from tests.conftest import logs_of, native_kernel_or_skip
 
 pytestmark = pytest.mark.multiprocess
@@ -51,6 +52,10 @@ def test_ddp_steps_buckets_sequence_numbers_clocks_fingerprints(tmp_path: Path, 
     assert {m.get("ddp_buckets_via") for m in trace.meta.values()} == {via}
     if via == "dispatcher":
         assert {m.get("ddp_buckets_kernel") for m in trace.meta.values()} == {how}
+    said = {"native": "at the dispatcher by the native kernel", "comm_hook": "through a comm hook"}
+    assert f"DDP's buckets recorded {said.get(how, 'at the dispatcher by the python kernel')}" in (
+        describe(str(trace_dir))
+    )
     coll = trace.collectives
     assert set(coll["op"]) == {"all_reduce"}
     assert coll["label"].str.fullmatch(r"ddp\.bucket\d+").all()

@@ -213,6 +213,7 @@ class CommRecorder:
         if watch is not None:
             watch.uninstall()
         native, self._native = self._native, None
+        self._native_slots = {}
         if native is not None:
             with contextlib.suppress(Exception):
                 native.uninstall(timeout_s=1.0)  # what completes in time reaches the trace

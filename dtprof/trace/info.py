@@ -15,12 +15,29 @@ def describe(path: str) -> str:
     lines.append(_ranks_table(trace))
     rows = ", ".join(f"{name} {len(getattr(trace, name)):,}" for name in TABLES)
     lines.append(f"rows: {rows}")
+    ways = sorted({_ddp_buckets(meta) for meta in trace.meta.values()} - {""})
+    if ways:
+        lines.append(f"DDP's buckets recorded {' / '.join(ways)}")
     if len(trace.inflight):
         lines.append(f"in flight at the last flush: {len(trace.inflight)} operation(s)")
     hangs = trace.events[trace.events["kind"] == "hang"]
     for rank, message in zip(hangs["rank"], hangs["message"], strict=True):
         lines.append(f"hang recorded on rank {rank}: {message}")
     return "\n".join(lines)
+
+
+def _ddp_buckets(meta: dict) -> str:
+    """How a rank recorded DDP's buckets, from its metadata; "" where it did not."""
+    via = meta.get("ddp_buckets_via")
+    if via == "comm_hook":
+        return "through a comm hook"
+    if via != "dispatcher":
+        return ""
+    kernel = meta.get("ddp_buckets_kernel")
+    if kernel is None:
+        return "at the dispatcher"
+    why = f" (native: {meta['ddp_buckets_native']})" if meta.get("ddp_buckets_native") else ""
+    return f"at the dispatcher by the {kernel} kernel{why}"
 
 
 def _ranks_table(trace: Trace) -> str:
