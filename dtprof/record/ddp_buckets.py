@@ -16,8 +16,9 @@ recorded: floating-point ones as ``ddp.bucketN``, N counting them within one bac
 reduces under ``find_unused_parameters`` as ``ddp.used_parameters``.
 
 Where it is built (``dtprof build-native``), the same kernel in C++ (:class:`NativeBuckets`,
-``native/buckets.cpp``) does this with no Python on a bucket's path: a Python kernel costs about
-50-100 µs per bucket inside a backward pass, the native one about nothing. Where neither can be
+``native/buckets.cpp``) does this with no Python on a bucket's path: the Python kernel costs
+a few hundred µs per step of a small DDP model (benchmarks/overhead.py), the native one about
+nothing measurable. Where neither can be
 registered (a torch without these operators, or a kernel of someone else's there) or would not
 see the buckets (parameters on a device other than CPU and CUDA), ``ddp_hook`` records them
 through a comm hook instead.
