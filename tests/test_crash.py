@@ -14,7 +14,7 @@ import dtprof
 from dtprof.analysis import analyze
 from dtprof.errors import DtprofError
 from dtprof.jobs import launch
-from tests.conftest import logs_of
+from tests.conftest import logs_of, native_kernel_or_skip
 
 pytestmark = pytest.mark.multiprocess
 
@@ -131,6 +131,49 @@ def test_the_watchdog_records_a_hang_with_stacks_and_flushes_it_at_once(tmp_path
         3,
         [0],
     )
+
+
+@pytest.mark.parametrize("kernel", ["native", "python"])
+def test_a_hang_in_a_ddp_bucket_is_in_flight_on_disk_and_recorded(
+    tmp_path: Path, kernel: str
+) -> None:
+    """DDP launches its buckets from C++: the kernel that sees them puts a hung one in the
+    in-flight table, where inflight.json and the watchdog find it."""
+    if kernel == "native":
+        native_kernel_or_skip()
+    trace_dir, logs = tmp_path / "trace", tmp_path / "logs"
+    args = ["--trace", str(trace_dir), "--steps", "10", "--slow-rank", "1", "--nan-step", "3"]
+    procs = launch.start(
+        "skip-bucket",
+        2,
+        [*args, "--hang-timeout-s", "1", "--fingerprint-every", "0"],
+        log_dir=logs,
+        env={"DTPROF_NATIVE": "0"} if kernel == "python" else None,
+    )
+    try:
+        events = _poll(lambda: _hangs(trace_dir), 60, "a hang event on disk", logs, procs)
+        inflight = json.loads((trace_dir / "rank=00000" / "inflight.json").read_text())
+        assert all(p.poll() is None for p in procs), "the watchdog must never end the job"
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    meta = json.loads((trace_dir / "rank=00000" / "meta.json").read_text())
+    assert meta["ddp_buckets_kernel"] == kernel
+    (op,) = inflight
+    assert (op["op"], op["step"], op["label"]) == ("all_reduce", 3, "ddp.bucket0")
+    (event,) = events
+    detail = json.loads(event["detail"])
+    assert (detail["op"], detail["seq"], detail["label"]) == (
+        "all_reduce",
+        op["seq"],
+        "ddp.bucket0",
+    )
+    assert 1.0 <= detail["waited_s"] < 3.0
+    main_stack = next(s for s in detail["stacks"] if s["thread"] == "MainThread")
+    assert "skip_bucket" in [f["function"] for f in main_stack["frames"]]
+    (hang,) = [f for f in analyze(trace_dir).findings if f.code == "hang"]
+    assert hang.ranks == [1] and hang.evidence["joined"] == [0]
 
 
 def _hangs(trace_dir: Path) -> list[dict]:

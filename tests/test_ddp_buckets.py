@@ -6,6 +6,9 @@ where neither can."""
 from __future__ import annotations
 
 import gc
+import os
+import subprocess
+import sys
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -295,3 +298,19 @@ def test_native_records_become_rows_in_flight_first_and_labelled_in_launch_order
     watch.sync()
     watch.sync()
     assert recorder.failed == ["ddp buckets: reading the call: boom"] and not watch.enabled
+
+
+def test_build_native_fails_in_one_line_naming_the_source(tmp_path: Path) -> None:
+    env = dict(os.environ, CXX="false", DTPROF_CACHE_DIR=str(tmp_path / "cache"))
+    done = subprocess.run(
+        [sys.executable, "-m", "dtprof", "build-native"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    (line,) = done.stderr.strip().splitlines()[-1:]
+    assert line.startswith("dtprof: error: ")
+    assert "buckets.cpp: building the native kernel failed" in line
+    assert "Traceback" not in done.stderr

@@ -245,6 +245,25 @@ def skip_collective(args: argparse.Namespace) -> None:
             prof.step()
 
 
+def skip_bucket(args: argparse.Namespace) -> None:
+    """DDP: rank ``--slow-rank`` stops before its forward at ``--nan-step``: the others hang in
+    that step's gradient all-reduce, which DDP launches from C++."""
+    rank = dist.get_rank()
+    model, opt = _ddp(args)
+    gen = torch.Generator().manual_seed(args.seed + rank)
+    with dtprof.profile(
+        args.trace, model=model, optimizer=opt, hang_timeout_s=args.hang_timeout_s
+    ) as prof:
+        for step in range(args.steps):
+            if step == args.nan_step and rank == args.slow_rank:
+                time.sleep(3600)  # stands for a rank stuck elsewhere
+            x = torch.randn(args.batch, args.width, generator=gen)
+            model(x).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+            prof.step()
+
+
 def until_killed(args: argparse.Namespace) -> None:
     """DDP that trains until it is killed (for crash-safety tests)."""
     from dtprof.jobs.worker import train_loop
@@ -265,5 +284,6 @@ SITUATIONS: dict[str, Callable[[argparse.Namespace], None]] = {
     "all-ops": all_ops,
     "faulty-hooks": faulty_hooks,
     "skip-collective": skip_collective,
+    "skip-bucket": skip_bucket,
     "until-killed": until_killed,
 }

@@ -57,9 +57,11 @@ def build(verbose: bool = False) -> Path:
     """Compile buckets.cpp against this torch (once; again only if the source changed)."""
     try:
         from torch.utils.cpp_extension import load, verify_ninja_availability
-
+    except ImportError as exc:
+        raise DtprofError(f"cannot build the native kernel without torch ({exc})") from None
+    try:
         verify_ninja_availability()
-    except (ImportError, RuntimeError) as exc:
+    except RuntimeError as exc:
         raise DtprofError(f"cannot build the native kernel: {exc} (pip install ninja)") from None
     folder = build_dir()
     folder.mkdir(parents=True, exist_ok=True)
