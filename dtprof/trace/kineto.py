@@ -31,7 +31,6 @@ from dtprof.trace.kineto_events import Args, Event, Unstreamable, args_dict, chu
 
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset", "Kernel", "Memcpy", "Memset")
 LAUNCH_CATS = ("cuda_runtime", "cuda_driver", "Runtime", "Driver")
-CPU_CATS = ("cpu_op", "user_annotation", "Operator", "user_annotation")
 STEP_RE = r"^ProfilerStep\s*#\s*(?P<number>\d+)"
 COMM_ANNOTATION_RE = r"^(nccl|gloo|mpi|ucc|xccl):"
 COLS_FIELDS = ("name", "ts_ns", "end_ns", "pid", "tid")
