@@ -196,6 +196,43 @@ def test_communication_after_backward_is_exposed(
         assert ev["exposed_comm_fraction"] == pytest.approx(12 / 40)
 
 
+def test_exposure_a_straggler_causes_on_the_others_is_no_poor_overlap(tmp_path: Path) -> None:
+    """Rank 2's backward takes 40 ms where the others' takes 20: each bucket's 8 ms transfer
+    starts when rank 2 enters it, during rank 2's backward but mostly after the others' has
+    ended. Exposed 27% of the step on ranks 0 and 1, 12% on the critical path (rank 2): a
+    straggler, not a job that cannot overlap."""
+    for rank in range(3):
+        rows: dict[str, list[tuple]] = {"steps": [], "spans": [], "collectives": []}
+        backward = 40 if rank == 2 else 20
+        for step in range(12):
+            t0 = step * 60 * MS
+            rows["steps"].append((step, t0, t0 + 60 * MS))
+            rows["spans"].append((step, "forward", "phase", t0, t0 + 5 * MS, 0, None, None))
+            rows["spans"].append(
+                (step, "backward", "phase", t0 + 5 * MS, t0 + (5 + backward) * MS, 0, None, None)
+            )
+            for bucket in range(3):  # rank 2 enters at 17, 30 and 44 ms into the step
+                own = t0 + (5 + (bucket + 1) * backward // 3 - 1) * MS
+                last = t0 + (5 + (bucket + 1) * 40 // 3 - 1) * MS
+                row = (step, "0", 3 * step + bucket, "all_reduce", 64, "float32", None)
+                rows["collectives"].append((*row, own, last + 8 * MS, True, f"ddp.bucket{bucket}"))
+        write_rank(tmp_path, rank_meta(rank, 3), rows)
+    from dtprof.analysis import _summarize
+    from dtprof.analysis.checks import poor_overlap
+    from dtprof.analysis.summarize import combine
+    from dtprof.trace.reader import find_rank_dirs
+
+    run = combine(_summarize([d for _, d in find_rank_dirs(tmp_path)], False))
+    skip = 2
+    per = poor_overlap.comm_overlap(run, skip, run.phases[run.phases["step"] >= skip])
+    step_ns = 10 * 60 * MS
+    exposed = ((per["comm_ns"] - per["overlap_ns"]) / step_ns).round(3).to_dict()
+    assert exposed == {0: 0.267, 1: 0.267, 2: 0.117}
+    assert poor_overlap.last_arrival_shares(run, skip).to_dict() == {0: 0.0, 1: 0.0, 2: 1.0}
+    codes = [f.code for f in analyze(tmp_path).findings]
+    assert "poor-overlap" not in codes and "straggler" in codes
+
+
 def test_bubble_theory_per_schedule() -> None:
     from dtprof.analysis.checks.pipeline_bubble import theory
 

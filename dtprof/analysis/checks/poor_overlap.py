@@ -4,8 +4,14 @@ Rule: per rank, communication time is the union of the transfer intervals of its
 (those every member of their group recorded), each from the moment the last member entered
 (waiting for a late rank is the straggler's, not overlap's); overlapped time is the part of it
 during a forward, backward or optimizer phase (HTA's definition: overlapped / all
-communication). The exposed rest as a share of the step is flagged at >= 25% (warning; >= 50%:
-error) on the ranks where it happens. The first steps (10%, at least 2) are skipped.
+communication), and exposed time the rest, as a share of the step.
+
+The job's exposure is read on its critical path: each rank's exposed share weighted by how often
+it arrived last at the collectives (ties shared). The rank that arrives last decides when a
+transfer runs; a rank that waits for a late one sees every transfer after its own compute has
+ended, exposed because of the straggler, not because the job cannot overlap. Flagged at >= 25%
+(warning; >= 50%: error), on the ranks exposed at least that much that arrived last at some
+collective. The first steps (10%, at least 2) are skipped.
 """
 
 from __future__ import annotations
@@ -153,6 +159,27 @@ def comm_overlap(run: RunSummary, first_step: int, compute: pd.DataFrame) -> pd.
     return pd.DataFrame.from_dict(rows, orient="index", columns=["comm_ns", "overlap_ns"])
 
 
+def last_arrival_shares(run: RunSummary, first_step: int) -> pd.Series:
+    """Per rank: its share of the last arrivals at the collectives from first_step on that every
+    member recorded (a tie shares the arrival); the shares sum to 1."""
+    credit: dict[int, float] = {}
+    for g in run.matched:
+        keep = g.complete & (g.step >= first_step)
+        if not keep.any():
+            continue
+        start = g.start[keep]
+        last = start == start.max(axis=1, keepdims=True)
+        shares = (last / last.sum(axis=1, keepdims=True)).sum(axis=0)
+        for rank, share in zip(g.ranks, shares, strict=True):
+            credit[int(rank)] = credit.get(int(rank), 0.0) + float(share)
+    total = sum(credit.values())
+    return (
+        pd.Series({r: c / total for r, c in credit.items()}, dtype=float)
+        if total
+        else (pd.Series(dtype=float))
+    )
+
+
 def check(run: RunSummary) -> list[Finding]:
     if run.collectives.empty or run.phases.empty or run.steps.empty:
         return []
@@ -164,11 +191,15 @@ def check(run: RunSummary) -> list[Finding]:
     step_ns = run.steps[run.steps["step"] >= skip].groupby("rank")["step_ns"].sum()
     per["overlap_fraction"] = per["overlap_ns"] / per["comm_ns"].where(per["comm_ns"] > 0)
     per["exposed_comm_fraction"] = (per["comm_ns"] - per["overlap_ns"]) / step_ns
-    bad = per[per["exposed_comm_fraction"] >= WARN_EXPOSED]
-    if bad.empty:
+    per["last_arrival_share"] = last_arrival_shares(run, skip).reindex(per.index).fillna(0.0)
+    weight = per["last_arrival_share"]
+    if weight.sum() <= 0:
         return []
-    exposed = float(bad["exposed_comm_fraction"].median())
-    overlap = float(bad["overlap_fraction"].median())
+    exposed = float((per["exposed_comm_fraction"].fillna(0.0) * weight).sum() / weight.sum())
+    if exposed < WARN_EXPOSED:
+        return []
+    overlap = float((per["overlap_fraction"].fillna(0.0) * weight).sum() / weight.sum())
+    bad = per[(per["exposed_comm_fraction"] >= WARN_EXPOSED) & (weight > 0)]
     ranks = sorted(int(r) for r in bad.index)
     analysed = sorted(run.steps.loc[run.steps["step"] >= skip, "step"].unique())
     return [
@@ -179,8 +210,8 @@ def check(run: RunSummary) -> list[Finding]:
             first_step=int(analysed[0]),
             last_step=int(analysed[-1]),
             message=(
-                f"communication is exposed for {exposed:.0%} of each step on "
-                f"{len(ranks)} rank(s): only {overlap:.0%} of it runs while compute does"
+                f"communication is exposed for {exposed:.0%} of each step on the critical path"
+                f" ({len(ranks)} rank(s)): only {overlap:.0%} of it runs while compute does"
             ),
             suggestion=(
                 "let communication start during backward: DDP with its default buckets "
@@ -194,6 +225,7 @@ def check(run: RunSummary) -> list[Finding]:
                     int(r): {
                         "overlap_fraction": round(float(row["overlap_fraction"]), 4),
                         "exposed_comm_fraction": round(float(row["exposed_comm_fraction"]), 4),
+                        "last_arrival_share": round(float(row["last_arrival_share"]), 4),
                     }
                     for r, row in per.iterrows()
                 },
