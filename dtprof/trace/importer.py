@@ -257,7 +257,9 @@ def _run(
         with ProcessPoolExecutor(max_workers=extra) as pool:
             running: dict[Future[Any], int] = {}
             while queue or running:
-                while queue and len(running) < extra:
+                # one file waiting beside each worker's: a worker that finishes goes on at
+                # once, not when this process is done with the file it took meanwhile
+                while queue and len(running) < 2 * extra:
                     i, job = queue.popleft()
                     running[pool.submit(_convert_one, *job, per_rank)] = i
                 if queue:
