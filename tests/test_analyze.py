@@ -218,7 +218,7 @@ def test_exposure_a_straggler_causes_on_the_others_is_no_poor_overlap(tmp_path: 
                 rows["collectives"].append((*row, own, last + 8 * MS, True, f"ddp.bucket{bucket}"))
         write_rank(tmp_path, rank_meta(rank, 3), rows)
     from dtprof.analysis import _summarize
-    from dtprof.analysis.checks import poor_overlap
+    from dtprof.analysis.checks import poor_overlap, straggler
     from dtprof.analysis.summarize import combine
     from dtprof.trace.reader import find_rank_dirs
 
@@ -228,7 +228,7 @@ def test_exposure_a_straggler_causes_on_the_others_is_no_poor_overlap(tmp_path: 
     step_ns = 10 * 60 * MS
     exposed = ((per["comm_ns"] - per["overlap_ns"]) / step_ns).round(3).to_dict()
     assert exposed == {0: 0.267, 1: 0.267, 2: 0.117}
-    assert poor_overlap.last_arrival_shares(run, skip).to_dict() == {0: 0.0, 1: 0.0, 2: 1.0}
+    assert straggler.last_arrival_shares(run, skip).to_dict() == {0: 0.0, 1: 0.0, 2: 1.0}
     codes = [f.code for f in analyze(tmp_path).findings]
     assert "poor-overlap" not in codes and "straggler" in codes
 

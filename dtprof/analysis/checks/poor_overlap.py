@@ -7,11 +7,12 @@ during a forward, backward or optimizer phase (HTA's definition: overlapped / al
 communication), and exposed time the rest, as a share of the step.
 
 The job's exposure is read on its critical path: each rank's exposed share weighted by how often
-it arrived last at the collectives (ties shared). The rank that arrives last decides when a
-transfer runs; a rank that waits for a late one sees every transfer after its own compute has
-ended, exposed because of the straggler, not because the job cannot overlap. Flagged at >= 25%
-(warning; >= 50%: error), on the ranks exposed at least that much that arrived last at some
-collective. The first steps (10%, at least 2) are skipped.
+it arrived last at the collectives (a tie counts for every rank in it; straggler's
+last_arrival_shares). The rank that arrives last decides when a transfer runs; a rank that
+waits for a late one sees every transfer after its own compute has ended, exposed because of
+the straggler, not because the job cannot overlap. Flagged at >= 25% (warning; >= 50%: error),
+on the ranks exposed at least that much that arrived last at some collective. The first steps
+(10%, at least 2) are skipped.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from dtprof.analysis.checks.straggler import warmup_steps
+from dtprof.analysis.checks.straggler import last_arrival_shares, warmup_steps
 from dtprof.analysis.report import Finding
 from dtprof.analysis.summarize import RunSummary
 
@@ -157,27 +158,6 @@ def comm_overlap(run: RunSummary, first_step: int, compute: pd.DataFrame) -> pd.
         for rank, row in overlap_per_rank(spread, compute).iterrows():
             rows[int(rank)] = (int(row["comm_ns"]), int(row["overlap_ns"]))
     return pd.DataFrame.from_dict(rows, orient="index", columns=["comm_ns", "overlap_ns"])
-
-
-def last_arrival_shares(run: RunSummary, first_step: int) -> pd.Series:
-    """Per rank: its share of the last arrivals at the collectives from first_step on that every
-    member recorded (a tie shares the arrival); the shares sum to 1."""
-    credit: dict[int, float] = {}
-    for g in run.matched:
-        keep = g.complete & (g.step >= first_step)
-        if not keep.any():
-            continue
-        start = g.start[keep]
-        last = start == start.max(axis=1, keepdims=True)
-        shares = (last / last.sum(axis=1, keepdims=True)).sum(axis=0)
-        for rank, share in zip(g.ranks, shares, strict=True):
-            credit[int(rank)] = credit.get(int(rank), 0.0) + float(share)
-    total = sum(credit.values())
-    return (
-        pd.Series({r: c / total for r, c in credit.items()}, dtype=float)
-        if total
-        else (pd.Series(dtype=float))
-    )
 
 
 def check(run: RunSummary) -> list[Finding]:

@@ -49,10 +49,24 @@ class Arrivals:
     last_share: pd.Series  # by rank: share of the collectives it entered last (ties count)
 
 
+def last_arrival_shares(run: RunSummary, first_step: int) -> pd.Series:
+    """By rank: the share of the complete collectives from first_step on that it took part in
+    and entered last (a tie counts for every rank in it)."""
+    last_counts, member_rows = pd.Series(dtype="float64"), pd.Series(dtype="float64")
+    for g in run.matched:
+        keep = g.complete & (g.step >= first_step)
+        if not keep.any():
+            continue
+        start = g.start[keep]
+        last = (start == start.max(axis=1, keepdims=True)).sum(axis=0)
+        last_counts = last_counts.add(pd.Series(last, index=g.ranks), fill_value=0)
+        member_rows = member_rows.add(pd.Series(int(keep.sum()), index=g.ranks), fill_value=0)
+    return last_counts / member_rows
+
+
 def arrivals(run: RunSummary, first_step: int) -> Arrivals:
     """Charge the waiting at every complete collective from first_step on to its last arriver."""
     culprits, waited = [], []
-    last_counts, member_rows = pd.Series(dtype="float64"), pd.Series(dtype="float64")
     for g in run.matched:
         keep = g.complete & (g.step >= first_step)
         if not keep.any():
@@ -77,15 +91,12 @@ def arrivals(run: RunSummary, first_step: int) -> Arrivals:
                 }
             )
         )
-        last_counts = last_counts.add(
-            pd.Series((wait == 0).sum(axis=0), index=g.ranks), fill_value=0
-        )
-        member_rows = member_rows.add(pd.Series(int(keep.sum()), index=g.ranks), fill_value=0)
+    shares = last_arrival_shares(run, first_step)
     if not culprits:
         empty = pd.DataFrame({"step": [], "rank": [], "caused_ns": []}, dtype="int64")
-        return Arrivals(empty, empty.rename(columns={"caused_ns": "wait_ns"}), last_counts)
+        return Arrivals(empty, empty.rename(columns={"caused_ns": "wait_ns"}), shares)
     waits = pd.concat(waited, ignore_index=True).groupby(["step", "rank"], as_index=False).sum()
-    return Arrivals(pd.concat(culprits, ignore_index=True), waits, last_counts / member_rows)
+    return Arrivals(pd.concat(culprits, ignore_index=True), waits, shares)
 
 
 def check(run: RunSummary) -> list[Finding]:
