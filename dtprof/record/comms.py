@@ -276,11 +276,9 @@ class CommRecorder:
         call: _Call,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
-        start: int | None = None,
         label: str | None = None,
     ) -> int:
-        if start is None:
-            start = now_ns()
+        start = now_ns()
         group = _arg(args, kwargs, "group", call.group_idx)
         gname = self.group_name(group)
         nbytes, dtype = _nbytes(_arg(args, kwargs, call.payload, call.payload_idx))

@@ -98,15 +98,23 @@ class BucketWatch:
         watched = self._groups.get(group)
         if watched is None or not tensors:
             return
-        if tensors[0].is_floating_point() or tensors[0].is_complex():
-            task = self._graph_task()
-            if task != watched[0]:
-                watched[0], watched[1] = task, 0
-            label = f"ddp.bucket{watched[1]}"
-            watched[1] += 1
-        else:
-            label = "ddp.used_parameters"
+        first = tensors[0]
+        floating = first.is_floating_point() or first.is_complex()
+        label = bucket_label(watched, floating, self._graph_task() if floating else -1)
         self.recorder.launched(group, tensors, start, label, self._unbox_work(work))
+
+
+def bucket_label(count: list[int], floating: bool, task: int) -> str:
+    """The label of a call DDP launched on a watched group, in launch order: floating-point
+    ones are ``ddp.bucketN``, N counting from 0 within each backward pass (autograd graph task
+    ``task``; ``count`` is the group's [graph task of the last bucket, next index], updated),
+    the integer map of used parameters ``ddp.used_parameters``."""
+    if not floating:
+        return "ddp.used_parameters"
+    if task != count[0]:
+        count[0], count[1] = task, 0
+    count[1] += 1
+    return f"ddp.bucket{count[1] - 1}"
 
 
 def ddp_group(model: torch.nn.parallel.DistributedDataParallel) -> Any:
@@ -191,14 +199,7 @@ class NativeBuckets:
         """Labels in launch order (record ids), for ids not seen before."""
         fresh = sorted((r for r in done + pending if r[0] > self._seen), key=lambda r: r[0])
         for rid, slot, _seq, _step, _s, _e, _n, _d, floating, task, _err in fresh:
-            if floating:
-                watched = self._buckets[slot]
-                if task != watched[0]:
-                    watched[0], watched[1] = task, 0
-                self._labels[rid] = f"ddp.bucket{watched[1]}"
-                watched[1] += 1
-            else:
-                self._labels[rid] = "ddp.used_parameters"
+            self._labels[rid] = bucket_label(self._buckets[slot], bool(floating), task)
             self._seen = rid
 
     def _row(self, row: list[int], end: int | None = None) -> tuple[Any, ...]:
