@@ -85,27 +85,18 @@ def test_a_sigkilled_rank_leaves_a_readable_trace_up_to_about_a_second_before(
     assert (follower.ranks, follower.severity, follower.evidence["after"]) == ([0], "warning", [1])
 
 
-def test_the_watchdog_records_a_hang_with_stacks_and_flushes_it_at_once(tmp_path: Path) -> None:
-    trace_dir, logs = tmp_path / "trace", tmp_path / "logs"
+def _hung_job(
+    situation: str, trace_dir: Path, logs: Path, *args: str, env: dict[str, str] | None = None
+) -> tuple[list[dict], list[dict]]:
+    """Run a 2-rank job whose rank 1 stops at step 3 (rank 0 waits for it, the watchdog's
+    timeout 1 s) until a hang event is on disk: (the hang events, rank 0's inflight.json). The
+    job is killed afterwards; the watchdog must not have ended it."""
+    cmd = ["--trace", str(trace_dir), "--steps", "10", "--slow-rank", "1", "--nan-step", "3"]
     procs = launch.start(
-        "skip-collective",
-        2,
-        [
-            "--trace",
-            str(trace_dir),
-            "--steps",
-            "10",
-            "--slow-rank",
-            "1",
-            "--nan-step",
-            "3",
-            "--hang-timeout-s",
-            "1",
-        ],
-        log_dir=logs,
+        situation, 2, [*cmd, "--hang-timeout-s", "1", *args], log_dir=logs, env=env
     )
     try:
-        # rank 1 skips the all-reduce of step 3: rank 0 waits in it; within timeout + a flush
+        # rank 0 waits in step 3's all-reduce: a hang event within the timeout and a flush
         events = _poll(lambda: _hangs(trace_dir), 60, "a hang event on disk", logs, procs)
         inflight = json.loads((trace_dir / "rank=00000" / "inflight.json").read_text())
         assert all(p.poll() is None for p in procs), "the watchdog must never end the job"
@@ -113,6 +104,13 @@ def test_the_watchdog_records_a_hang_with_stacks_and_flushes_it_at_once(tmp_path
         for p in procs:
             p.kill()
             p.wait()
+    return events, inflight
+
+
+def test_the_watchdog_records_a_hang_with_stacks_and_flushes_it_at_once(tmp_path: Path) -> None:
+    trace_dir, logs = tmp_path / "trace", tmp_path / "logs"
+    # rank 1 skips the all-reduce of step 3
+    events, inflight = _hung_job("skip-collective", trace_dir, logs)
     (event,) = events
     assert [(op["op"], op["seq"], op["step"]) for op in inflight] == [("all_reduce", 3, 3)]
     detail = json.loads(event["detail"])
@@ -142,22 +140,14 @@ def test_a_hang_in_a_ddp_bucket_is_in_flight_on_disk_and_recorded(
     if kernel == "native":
         native_kernel_or_skip()
     trace_dir, logs = tmp_path / "trace", tmp_path / "logs"
-    args = ["--trace", str(trace_dir), "--steps", "10", "--slow-rank", "1", "--nan-step", "3"]
-    procs = launch.start(
+    events, inflight = _hung_job(
         "skip-bucket",
-        2,
-        [*args, "--hang-timeout-s", "1", "--fingerprint-every", "0"],
-        log_dir=logs,
+        trace_dir,
+        logs,
+        "--fingerprint-every",
+        "0",
         env={"DTPROF_NATIVE": "0"} if kernel == "python" else None,
     )
-    try:
-        events = _poll(lambda: _hangs(trace_dir), 60, "a hang event on disk", logs, procs)
-        inflight = json.loads((trace_dir / "rank=00000" / "inflight.json").read_text())
-        assert all(p.poll() is None for p in procs), "the watchdog must never end the job"
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
     meta = json.loads((trace_dir / "rank=00000" / "meta.json").read_text())
     assert meta["ddp_buckets_kernel"] == kernel
     (op,) = inflight
