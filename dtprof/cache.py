@@ -1,4 +1,4 @@
-"""Where dtprof keeps what it can make again: converted traces, the native kernel's build."""
+"""Where dtprof keeps what it can make again: converted traces, its native libraries."""
 
 from __future__ import annotations
 
@@ -12,3 +12,10 @@ def cache_root() -> Path:
         return Path(os.environ["DTPROF_CACHE_DIR"])
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "dtprof"
+
+
+def native_root() -> Path:
+    """Where the native libraries are built: $DTPROF_NATIVE_DIR, else the cache's ``native``."""
+    if os.environ.get("DTPROF_NATIVE_DIR"):
+        return Path(os.environ["DTPROF_NATIVE_DIR"])
+    return cache_root() / "native"

@@ -118,19 +118,36 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
 
 def _cmd_build_native(args: argparse.Namespace) -> int:
-    """Build the native kernel that records DDP's buckets at about no cost, for the torch in
-    this environment (once per torch build; needs a C++ compiler and ninja)."""
+    """Build dtprof's native libraries into its cache: the profiler-trace reader (a C++
+    compiler needed) and, where torch is installed, the kernel that records DDP's buckets at
+    about no cost (once per torch build; ninja needed too)."""
     import time
 
+    from dtprof.trace import kineto_native
+
+    failed = 0
+    started = time.monotonic()
+    try:
+        path = kineto_native.build(verbose=args.verbose)
+        print(f"dtprof: profiler-trace reader built in {time.monotonic() - started:.1f} s: {path}")
+    except DtprofError as exc:
+        print(f"dtprof: error: {exc}", file=sys.stderr)
+        failed += 1
+    kineto_native.forget()
     try:
         from dtprof.record import native
     except ImportError as exc:  # no torch here
-        raise DtprofError(f"the native kernel needs torch ({exc})") from None
+        print(f"dtprof: no DDP bucket kernel: it needs torch ({exc})")
+        return 2 if failed else 0
     started = time.monotonic()
-    print("dtprof: building the native kernel (10-30 s) ...", file=sys.stderr, flush=True)
-    path = native.build(verbose=args.verbose)
-    print(f"dtprof: native kernel built in {time.monotonic() - started:.1f} s: {path}")
-    return 0
+    print("dtprof: building the DDP bucket kernel (10-30 s) ...", file=sys.stderr, flush=True)
+    try:
+        path = native.build(verbose=args.verbose)
+        print(f"dtprof: DDP bucket kernel built in {time.monotonic() - started:.1f} s: {path}")
+    except DtprofError as exc:
+        print(f"dtprof: error: {exc}", file=sys.stderr)
+        failed += 1
+    return 2 if failed else 0
 
 
 def _add_server_args(cmd: argparse.ArgumentParser) -> None:

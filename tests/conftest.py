@@ -7,7 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from dtprof.cache import native_root
 from dtprof.jobs import launch
+
+# the native libraries stay where they were built while tests point DTPROF_CACHE_DIR elsewhere
+os.environ.setdefault("DTPROF_NATIVE_DIR", str(native_root()))
 
 
 def logs_of(log_dir: Path) -> str:
@@ -47,3 +51,15 @@ def native_kernel_or_skip() -> None:
         if os.environ.get("CI"):
             pytest.fail(f"the native kernel is needed in CI: {why_not}")
         pytest.skip(f"the native kernel: {why_not}")
+
+
+def native_reader_or_skip() -> None:
+    """Skip where the native profiler-trace reader cannot be built here (no C++ compiler).
+    In CI it must be there: its absence fails the test."""
+    from dtprof.trace import kineto_native
+
+    loaded, why_not = kineto_native.load()
+    if loaded is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"the native profiler-trace reader is needed in CI: {why_not}")
+        pytest.skip(f"the native profiler-trace reader: {why_not}")

@@ -310,7 +310,8 @@ def test_build_native_fails_in_one_line_naming_the_source(tmp_path: Path) -> Non
         timeout=120,
     )
     assert done.returncode == 2
-    (line,) = done.stderr.strip().splitlines()[-1:]
-    assert line.startswith("dtprof: error: ")
-    assert "buckets.cpp: building the native kernel failed" in line
+    errors = [line for line in done.stderr.splitlines() if line.startswith("dtprof: error: ")]
+    assert len(errors) == 2, done.stderr
+    assert "kineto_scan.cpp: building the profiler-trace reader failed" in errors[0]
+    assert "buckets.cpp: building the native kernel failed" in errors[1]
     assert "Traceback" not in done.stderr

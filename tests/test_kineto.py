@@ -165,9 +165,9 @@ def test_decoding_in_chunks_changes_nothing_and_odd_fields_are_tolerated(
     doc["traceEvents"][10].update(args=[], pid="Spans")  # args that are no object: no args
     doc["traceEvents"][13]["name"] = 5  # a kernel's name that is no string: its text
     path = kb.write(tmp_path, "rank0.json", doc)
-    whole = rank_tables(read_kineto(path))
+    whole = rank_tables(read_kineto(path, native=False))
     monkeypatch.setattr(kineto_events, "CHUNK_EVENTS", 3)
-    chunked = rank_tables(read_kineto(path))
+    chunked = rank_tables(read_kineto(path, native=False))
     assert all(whole[name].equals(chunked[name]) for name in whole)
     assert whole["kernels"]["name"].to_pylist()[3] == "5" and whole["collectives"].num_rows == 3
     assert whole["steps"]["start_ns"].to_pylist() == [125, 1_000_125, 2_000_125]
@@ -177,7 +177,7 @@ def _read_whole(monkeypatch: pytest.MonkeyPatch, path: Path) -> dict[str, Any]:
     """rank_tables of the file read whole, the way taken where streaming cannot cut it."""
     with monkeypatch.context() as m:
         m.setattr(kineto_events, "_stream", _unstreamable)
-        kf = read_kineto(path)
+        kf = read_kineto(path, native=False)
     return {"file header": kf.header, "file events": kf.events, **rank_tables(kf)}
 
 
@@ -199,7 +199,7 @@ def test_streaming_a_buffer_at_a_time_changes_nothing(
     chunks = list(kineto_events.stream(path, header := {}))
     assert len(chunks) > 5 and sum(map(len, chunks)) == len(doc["traceEvents"])
     assert header == whole["file header"] and header["baseTimeNanoseconds"] == kb.BASE_NS
-    kf = read_kineto(path)
+    kf = read_kineto(path, native=False)
     streamed = {"file header": kf.header, "file events": kf.events, **rank_tables(kf)}
     assert streamed.keys() == whole.keys()
     for key, value in whole.items():
@@ -237,7 +237,7 @@ def test_what_streaming_cannot_cut_is_read_whole(
             list(kineto_events.stream(path, {}))
         except kineto_events.Unstreamable:
             refused += 1
-        kf = read_kineto(path)
+        kf = read_kineto(path, native=False)
         tables = rank_tables(kf)
         assert kf.events == whole["file events"] and kf.header == whole["file header"]
         assert all(tables[k].equals(whole[k]) for k in tables), size

@@ -32,6 +32,7 @@ import pyarrow.parquet as pq
 from dtprof import __version__
 from dtprof.cache import cache_root
 from dtprof.errors import DtprofError
+from dtprof.trace import kineto_native
 from dtprof.trace.kineto import rank_from_name, read_kineto
 from dtprof.trace.kineto_map import SEQ_FROM, rank_meta, rank_tables
 from dtprof.trace.schema import (
@@ -200,6 +201,7 @@ def import_kineto(
     """
     files = _files(path)
     fallbacks = _fallback_ranks(files)
+    kineto_native.load()  # built here once, not in each worker; forked workers inherit it
     if mapper is not None:
         jobs = [(f, fb, None, per_rank) for f, fb in zip(files, fallbacks, strict=True)]
         return _finish(files, dict(enumerate(mapper(_convert_job, jobs))), None)

@@ -38,9 +38,11 @@ _PH, _CAT, _NAME = attrgetter("ph"), attrgetter("cat"), attrgetter("name")
 _TS, _DUR, _PID, _TID, _ARGS = (attrgetter(k) for k in ("ts", "dur", "pid", "tid", "args"))
 
 
-def ns_from_us(values: list[Any]) -> np.ndarray:
+def ns_from_us(values: list[Any] | np.ndarray) -> np.ndarray:
     """Microsecond stamps (int, float or numeric string; None as 0) to int64 ns, to the ns."""
-    us = np.asarray([0 if v is None else v for v in values], dtype=np.float64)
+    if not isinstance(values, np.ndarray):
+        values = [0 if v is None else v for v in values]
+    us = np.asarray(values, dtype=np.float64)
     if len(us) and not np.abs(us).max() < 9.2e15:  # past int64 ns (year 2261), or NaN
         raise ValueError(f"a timestamp out of range ({us[~(np.abs(us) < 9.2e15)][0]} µs)")
     whole = np.floor(us)
@@ -109,6 +111,7 @@ class KinetoFile:
     memory_allocated: np.ndarray  # float64 bytes, NaN when absent
     memory_reserved: np.ndarray
     events: int
+    reader: str = "python"  # or "native": kineto_native.py read it
 
     @property
     def base_ns(self) -> int:
@@ -252,9 +255,16 @@ def _concat(parts: list[Any]) -> Any:
     return np.concatenate(parts) if len(parts) > 1 else parts[0]
 
 
-def read_kineto(path: str | Path) -> KinetoFile:
-    """Parse one trace file and keep, as columns, the event groups the importer maps."""
+def read_kineto(path: str | Path, native: bool = True) -> KinetoFile:
+    """Parse one trace file and keep, as columns, the event groups the importer maps: with the
+    native reader where it is built and takes the file, else in Python."""
     path = Path(path)
+    if native:
+        from dtprof.trace.kineto_native import read
+
+        found = read(path)
+        if not isinstance(found, str):
+            return found
     header: dict[str, Any] = {}
     try:
         parts = [_chunk_columns(events) for events in stream(path, header)]

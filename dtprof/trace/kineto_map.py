@@ -447,5 +447,6 @@ def rank_meta(kf: KinetoFile, rank: int, world_size: int, rank_from: str) -> dic
             "rank_from": rank_from,
             "events": kf.events,
             "kineto_schema_version": kf.header.get("schemaVersion"),
+            "reader": kf.reader,
         },
     }

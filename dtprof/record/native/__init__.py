@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dtprof.cache import cache_root
+from dtprof.cache import native_root
 from dtprof.errors import DtprofError
 
 SOURCE = Path(__file__).with_name("buckets.cpp")
@@ -46,7 +46,7 @@ def build_dir() -> Path:
         str(Path(torch.__file__).resolve().parent),
     ):
         key.update(part.encode() + b"\0")
-    return cache_root() / "native" / f"torch-{torch.__version__}-{key.hexdigest()[:16]}"
+    return native_root() / f"torch-{torch.__version__}-{key.hexdigest()[:16]}"
 
 
 def library_path() -> Path:

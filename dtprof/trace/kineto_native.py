@@ -1,0 +1,292 @@
+"""The native reader of PyTorch profiler traces (``kineto_scan.cpp``): built once, then loaded.
+
+It reads a trace file straight into the columns of :class:`~dtprof.trace.kineto.KinetoFile`,
+with no Python object per event and without holding the GIL, about ten times as fast as the
+Python reader. It takes only what it reads with certainty and gives anything else back: the
+Python reader then reads that file, or says what is wrong with it.
+
+It needs no torch, only a C++17 compiler (``$CXX``, else ``c++``, ``g++`` or ``clang++``). The
+first import of profiler traces builds it into dtprof's cache (about 2 s, once per version of
+its source); ``dtprof build-native`` builds it ahead. Where the build fails, the failure is
+kept beside it and the Python reader is used without trying again until the source changes.
+``DTPROF_NATIVE=0`` keeps it unloaded.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import mmap
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+import pyarrow as pa
+
+from dtprof.cache import native_root
+from dtprof.errors import DtprofError
+from dtprof.trace.kineto import Cols, KinetoFile, ns_from_us
+from dtprof.trace.kineto_events import HEADER_KEYS, Args, args_dict, read_bytes
+
+SOURCE = Path(__file__).with_name("kineto_scan.cpp")
+OFF_VALUES = {"0", "off", "no", "false"}
+MAX_COLUMNS = 64
+_DTYPES = {"ts": np.float64, "dur": np.float64, "allocated": np.float64, "reserved": np.float64}
+
+_ARGS = msgspec.json.Decoder(Args)
+
+_lock = threading.Lock()
+_library: Library | None = None
+_why_not = ""
+
+
+def compiler() -> str | None:
+    """$CXX, else the first C++ compiler on PATH."""
+    if os.environ.get("CXX"):
+        return os.environ["CXX"]
+    return next(filter(None, map(shutil.which, ("c++", "g++", "clang++"))), None)
+
+
+def library_path() -> Path:
+    """The library in the cache, named by its source, the compiler and the machine."""
+    key = hashlib.sha1(SOURCE.read_bytes())
+    key.update(f"\0{compiler()}\0{platform.machine()}\0{sys.platform}".encode())
+    return native_root() / f"kineto-scan-{key.hexdigest()[:16]}.so"
+
+
+def build(verbose: bool = False) -> Path:
+    """Compile kineto_scan.cpp into the cache (again only when the source or compiler changed)."""
+    cxx = compiler()
+    if cxx is None:
+        raise DtprofError(f"{SOURCE}: no C++ compiler found (set CXX, or install g++)")
+    target = library_path()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}")
+    cmd = [cxx, "-O2", "-std=c++17", "-shared", "-fPIC", "-o", str(tmp), str(SOURCE)]
+    try:
+        done = subprocess.run(cmd, capture_output=not verbose, text=True, check=False)
+    except OSError as exc:
+        raise DtprofError(f"{SOURCE}: cannot run the compiler {cxx} ({exc.strerror})") from None
+    if done.returncode != 0 or not tmp.is_file():
+        tmp.unlink(missing_ok=True)
+        lines = (done.stderr or "").strip().splitlines()
+        raise DtprofError(
+            f"{SOURCE}: building the profiler-trace reader failed "
+            f"({lines[-1] if lines else f'exit code {done.returncode}'}); "
+            "`dtprof build-native --verbose` shows the compiler's output"
+        )
+    os.replace(tmp, target)
+    _failure_path(target).unlink(missing_ok=True)
+    return target
+
+
+def _failure_path(library: Path) -> Path:
+    return library.with_suffix(".failed")
+
+
+def forget() -> None:
+    """Load again at the next use (after the environment or the library changed)."""
+    global _library, _why_not
+    with _lock:
+        _library, _why_not = None, ""
+
+
+def load(build_missing: bool = True) -> tuple[Library | None, str]:
+    """(the library, "") or (None, why not). Builds it when missing, unless a build failed
+    before; never raises."""
+    global _library, _why_not
+    if os.environ.get("DTPROF_NATIVE", "").strip().lower() in OFF_VALUES:
+        return None, "off (DTPROF_NATIVE=0)"
+    with _lock:
+        if _library is not None or _why_not:
+            return _library, _why_not
+        try:
+            path = library_path()
+            if not path.is_file():
+                failed = _failure_path(path)
+                if failed.is_file():
+                    _why_not = failed.read_text().strip() or "its build failed"
+                    return None, _why_not
+                if not build_missing:
+                    return None, "not built (`dtprof build-native` builds it)"
+                print("dtprof: building the profiler-trace reader (once) ...", file=sys.stderr)
+                try:
+                    build()
+                except DtprofError as exc:
+                    _keep_failure(failed, str(exc))
+                    raise
+            _library = Library(ctypes.CDLL(str(path)))
+        except (DtprofError, OSError) as exc:
+            _why_not = str(exc).splitlines()[0] if str(exc) else repr(exc)
+    return _library, _why_not
+
+
+def _keep_failure(failed: Path, why: str) -> None:
+    try:
+        failed.parent.mkdir(parents=True, exist_ok=True)
+        failed.write_text(why + "\n")
+    except OSError:
+        pass  # not kept: the next process tries again
+
+
+class Library:
+    """The loaded scanner: scan(text) -> columns, or why it gave the text back."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        lib.dtprof_kineto_scan.argtypes = [ctypes.c_void_p, ctypes.c_int64]
+        lib.dtprof_kineto_scan.restype = ctypes.c_void_p
+        lib.dtprof_kineto_status.argtypes = [ctypes.c_void_p]
+        lib.dtprof_kineto_why.argtypes = [ctypes.c_void_p]
+        lib.dtprof_kineto_why.restype = ctypes.c_char_p
+        lib.dtprof_kineto_at.argtypes = [ctypes.c_void_p]
+        lib.dtprof_kineto_at.restype = ctypes.c_int64
+        lib.dtprof_kineto_events.argtypes = [ctypes.c_void_p]
+        lib.dtprof_kineto_events.restype = ctypes.c_int64
+        lib.dtprof_kineto_columns.argtypes = [
+            ctypes.c_void_p,
+            ctypes.POINTER(ctypes.c_char_p),
+            ctypes.POINTER(ctypes.c_void_p),
+            ctypes.POINTER(ctypes.c_int64),
+            ctypes.c_int,
+        ]
+        lib.dtprof_kineto_free.argtypes = [ctypes.c_void_p]
+        lib.dtprof_kineto_free.restype = None
+        self.lib = lib
+
+    def scan(self, address: int, length: int) -> tuple[dict[str, np.ndarray], int] | str:
+        """(columns copied out, events) of the JSON text at address, or why it gave it back."""
+        lib = self.lib
+        result = lib.dtprof_kineto_scan(address, length)  # the GIL is released meanwhile
+        try:
+            if lib.dtprof_kineto_status(result):
+                at = lib.dtprof_kineto_at(result)
+                why = (lib.dtprof_kineto_why(result) or b"").decode()
+                return why + (f" at byte {at}" if at >= 0 else "")
+            names = (ctypes.c_char_p * MAX_COLUMNS)()
+            data = (ctypes.c_void_p * MAX_COLUMNS)()
+            lengths = (ctypes.c_int64 * MAX_COLUMNS)()
+            n = lib.dtprof_kineto_columns(result, names, data, lengths, MAX_COLUMNS)
+            cols = {}
+            for i in range(n):
+                name = (names[i] or b"").decode()
+                cols[name] = _copy(data[i], lengths[i], _dtype(name))
+            return cols, int(lib.dtprof_kineto_events(result))
+        finally:
+            lib.dtprof_kineto_free(result)
+
+
+def _dtype(name: str) -> Any:
+    if name.endswith(".offsets"):
+        return np.int32
+    if name.endswith((".data", ".valid")):
+        return np.uint8
+    return _DTYPES.get(name.rsplit("_", 1)[-1], np.int64)
+
+
+def _copy(address: int | None, length: int, dtype: Any) -> np.ndarray:
+    if not length or not address:
+        return np.empty(0, dtype)
+    size = length * np.dtype(dtype).itemsize
+    return np.frombuffer((ctypes.c_char * size).from_address(address), dtype).copy()
+
+
+def strings(cols: dict[str, np.ndarray], name: str) -> pa.Array:
+    """A string column (nulls where the event had none) from its offsets, bytes and validity."""
+    offsets, data, valid = (cols[f"{name}.{part}"] for part in ("offsets", "data", "valid"))
+    nulls = int(len(valid) - np.count_nonzero(valid))
+    bitmap = pa.py_buffer(np.packbits(valid, bitorder="little")) if nulls else None
+    return pa.StringArray.from_buffers(
+        len(valid), pa.py_buffer(offsets), pa.py_buffer(data), bitmap, nulls
+    )
+
+
+def read(path: Path) -> KinetoFile | str:
+    """One trace file read natively, or why the native reader gave it back."""
+    library, why = load()
+    if library is None:
+        return why
+    with open(path, "rb") as f:
+        gzipped = f.read(2) == b"\x1f\x8b"
+    scanned = _scan_file(library, path, read_bytes(path) if gzipped else None)
+    if isinstance(scanned, str):
+        return scanned
+    cols, events, header, comm_args = scanned
+    gpu_ts, launch_ts, cpu_ts = (ns_from_us(cols[f"{g}_ts"]) for g in ("gpu", "launch", "cpu"))
+    gpu_tid, stream = cols["gpu_tid"], cols["gpu_stream"]
+    launch_correlation = cols["launch_correlation"]
+    keep = launch_correlation >= 0  # a launch without one matches no GPU event
+    return KinetoFile(
+        path=path,
+        header=header,
+        gpu=Cols(
+            strings(cols, "gpu_name"),
+            gpu_ts,
+            gpu_ts + np.maximum(ns_from_us(cols["gpu_dur"]), 0),
+            cols["gpu_pid"],
+            gpu_tid,
+            args=[],
+        ),
+        gpu_cat=strings(cols, "gpu_cat"),
+        gpu_stream=np.where(stream < 0, gpu_tid, stream),
+        gpu_correlation=cols["gpu_correlation"],
+        gpu_bytes=cols["gpu_bytes"],
+        launch_ts_ns=launch_ts[keep],
+        launch_tid=cols["launch_tid"][keep],
+        launch_correlation=launch_correlation[keep],
+        cpu=Cols(
+            strings(cols, "cpu_name"),
+            cpu_ts,
+            cpu_ts + np.maximum(ns_from_us(cols["cpu_dur"]), 0),
+            cols["cpu_pid"],
+            cols["cpu_tid"],
+            args=[{} if raw is None else args_dict(_ARGS.decode(raw)) for raw in comm_args],
+        ),
+        cpu_cat=strings(cols, "cpu_cat"),
+        memory_ts_ns=ns_from_us(cols["memory_ts"]),
+        memory_device_type=cols["memory_device_type"],
+        memory_allocated=cols["memory_allocated"],
+        memory_reserved=cols["memory_reserved"],
+        events=events,
+        reader="native",
+    )
+
+
+def _scan_file(library: Library, path: Path, text: bytes | None) -> tuple[Any, ...] | str:
+    """(columns, events, header, each CPU event's args text or None) of a file, or why the
+    scanner gave it back: its gunzipped text when given, else the file mapped into memory."""
+    if text is not None:
+        address = ctypes.cast(ctypes.c_char_p(text), ctypes.c_void_p).value or 0
+        return _scanned(library.scan(address, len(text)), memoryview(text))
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            return "an empty file"
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            view = np.frombuffer(mapped, np.uint8)
+            try:
+                return _scanned(library.scan(view.ctypes.data, size), view)
+            finally:
+                del view
+
+
+def _scanned(scan: tuple[dict[str, np.ndarray], int] | str, text: Any) -> tuple[Any, ...] | str:
+    """The parts of the text the columns point to, copied out while the text is there."""
+    if isinstance(scan, str):
+        return scan
+    cols, events = scan
+    spans = cols.pop("header").reshape(3, 2)
+    header = {
+        key: msgspec.json.decode(bytes(text[lo:hi]))
+        for key, (lo, hi) in zip(HEADER_KEYS, spans.tolist(), strict=True)
+        if lo >= 0
+    }
+    args_spans = zip(cols.pop("cpu_args_start").tolist(), cols.pop("cpu_args_end").tolist(), strict=True)
+    comm_args = [bytes(text[lo:hi]) if lo >= 0 else None for lo, hi in args_spans]
+    return cols, events, header, comm_args

@@ -1,0 +1,740 @@
+// One PyTorch profiler (Kineto) trace, scanned into the columns dtprof's importer maps.
+//
+// The native form of dtprof/trace/kineto.py's reading (kineto_native.py loads it). It keeps
+// exactly the events and fields that read_kineto() keeps, in the same order, with the same
+// defaults. It takes only files it reads with certainty: anything unusual (a value of an
+// unexpected type, a lone surrogate, invalid UTF-8, invalid JSON, a second traceEvents) makes
+// it give the file back ("fallback"), and the Python reader then reads it or says what is wrong.
+// Plain C ABI for ctypes: the scan runs without Python, so ctypes lets other threads run.
+
+#include <charconv>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace {
+
+constexpr int kMaxDepth = 512;
+
+struct Fallback {
+  const char* why;
+  int64_t at;
+};
+
+// Strings as Arrow lays them out: int32 offsets, bytes, a validity byte each.
+struct Strings {
+  std::vector<int32_t> offsets{0};
+  std::string data;
+  std::vector<uint8_t> valid;
+
+  void add(std::string_view s, bool present) {
+    if (data.size() + s.size() > static_cast<size_t>(std::numeric_limits<int32_t>::max()))
+      throw Fallback{"strings past 2 GiB", -1};
+    data.append(s);
+    offsets.push_back(static_cast<int32_t>(data.size()));
+    valid.push_back(present ? 1 : 0);
+  }
+};
+
+struct Columns {
+  int64_t events = 0;
+  int64_t header[3][2] = {{-1, -1}, {-1, -1}, {-1, -1}};  // byte spans of HEADER_KEYS
+  Strings gpu_name, gpu_cat, cpu_name, cpu_cat;
+  std::vector<double> gpu_ts, gpu_dur, launch_ts, cpu_ts, cpu_dur, memory_ts;
+  std::vector<double> memory_allocated, memory_reserved;
+  std::vector<int64_t> gpu_pid, gpu_tid, gpu_stream, gpu_correlation, gpu_bytes;
+  std::vector<int64_t> launch_tid, launch_correlation, cpu_pid, cpu_tid;
+  std::vector<int64_t> cpu_args_start, cpu_args_end;  // comm events' args object; -1 for others
+  std::vector<int64_t> memory_device_type;
+};
+
+struct Result {
+  Columns cols;
+  int status = 0;  // 0: read; 1: given back to the Python reader
+  std::string why;
+  int64_t at = -1;
+};
+
+// An optional JSON value of the kinds the importer reads.
+struct Num {
+  bool present = false;  // false: missing or null (the Python reader's None)
+  bool odd = false;      // a value the Python reader would convert some other way
+  bool integral = false;
+  int64_t i = 0;
+  double d = 0.0;
+};
+
+struct Str {
+  bool present = false;
+  std::string_view s;
+};
+
+// ProfilerStep#N with optional whitespace (re.ASCII \s) around '#', and at least one digit.
+bool is_step(std::string_view n) {
+  static constexpr std::string_view kPrefix = "ProfilerStep";
+  if (n.substr(0, kPrefix.size()) != kPrefix) return false;
+  size_t i = kPrefix.size();
+  auto space = [](char c) { return c == ' ' || (c >= '\t' && c <= '\r'); };
+  while (i < n.size() && space(n[i])) ++i;
+  if (i >= n.size() || n[i] != '#') return false;
+  ++i;
+  while (i < n.size() && space(n[i])) ++i;
+  return i < n.size() && n[i] >= '0' && n[i] <= '9';
+}
+
+bool is_comm_annotation(std::string_view n) {
+  for (std::string_view p : {"nccl:", "gloo:", "mpi:", "ucc:", "xccl:"})
+    if (n.substr(0, p.size()) == p) return true;
+  return false;
+}
+
+bool one_of(std::string_view s, std::initializer_list<std::string_view> set) {
+  for (auto x : set)
+    if (s == x) return true;
+  return false;
+}
+
+enum Key { kOther, kPh, kCat, kName, kPid, kTid, kTs, kDur, kArgs };
+
+Key event_key(std::string_view k) {
+  switch (k.size()) {
+    case 2:
+      if (k == "ph") return kPh;
+      if (k == "ts") return kTs;
+      break;
+    case 3:
+      if (k == "cat") return kCat;
+      if (k == "pid") return kPid;
+      if (k == "tid") return kTid;
+      if (k == "dur") return kDur;
+      break;
+    case 4:
+      if (k == "name") return kName;
+      if (k == "args") return kArgs;
+      break;
+  }
+  return kOther;
+}
+
+enum Kind : unsigned { kGpu = 1, kLaunch = 2, kCpu = 4, kComm = 8, kMemory = 16 };
+
+class Scanner {
+ public:
+  Scanner(const char* text, int64_t len) : begin_(text), p_(text), end_(text + len) {}
+
+  void document(Columns& c) {
+    ws();
+    expect('{');
+    ws();
+    bool events_seen = false;
+    if (peek() == '}') fail("no traceEvents list");
+    while (true) {
+      std::string_view key = string(key_scratch_);
+      ws();
+      expect(':');
+      ws();
+      int header = key == "schemaVersion" ? 0 : key == "distributedInfo" ? 1
+                 : key == "baseTimeNanoseconds" ? 2 : -1;
+      if (key == "traceEvents") {
+        if (events_seen) fail("traceEvents twice");
+        events_seen = true;
+        events(c);
+      } else if (header >= 0) {
+        c.header[header][0] = p_ - begin_;
+        skip(1);
+        c.header[header][1] = p_ - begin_;
+      } else {
+        skip(1);
+      }
+      ws();
+      if (peek() == ',') {
+        ++p_;
+        ws();
+        continue;
+      }
+      expect('}');
+      break;
+    }
+    ws();
+    if (p_ != end_) fail("something after the trace object");
+    if (!events_seen) fail("no traceEvents list");
+  }
+
+ private:
+  const char* begin_;
+  const char* p_;
+  const char* end_;
+  std::string key_scratch_, ph_scratch_, cat_scratch_, name_scratch_;
+
+  [[noreturn]] void fail(const char* why) const { throw Fallback{why, p_ - begin_}; }
+
+  char peek() const { return p_ < end_ ? *p_ : '\0'; }
+
+  void ws() {
+    while (p_ < end_ && (*p_ == ' ' || *p_ == '\n' || *p_ == '\r' || *p_ == '\t')) ++p_;
+  }
+
+  void expect(char c) {
+    if (p_ >= end_ || *p_ != c) fail("invalid JSON");
+    ++p_;
+  }
+
+  // A string's content: a view into the text, or its unescaped copy in scratch. Valid UTF-8.
+  std::string_view string(std::string& scratch) { return string_impl<true>(scratch); }
+
+  void skip_string() { string_impl<false>(key_scratch_); }
+
+  template <bool kKeep>
+  std::string_view string_impl(std::string& scratch) {
+    expect('"');
+    const char* start = p_;
+    bool copied = false;  // escapes seen: the content is in scratch from then on
+    while (true) {
+      const char* run = p_;
+      p_ = plain_ascii(p_, end_);
+      if (kKeep && copied) scratch.append(run, p_ - run);
+      if (p_ >= end_) fail("unterminated string");
+      unsigned char c = static_cast<unsigned char>(*p_);
+      if (c == '"') {
+        ++p_;
+        if (!kKeep) return std::string_view();
+        return copied ? std::string_view(scratch) : std::string_view(start, p_ - 1 - start);
+      }
+      if (c < 0x20) fail("control character in a string");
+      if (c >= 0x80) {
+        const char* seq = p_;
+        p_ += utf8_length(p_, end_);
+        if (kKeep && copied) scratch.append(seq, p_ - seq);
+        continue;
+      }
+      // a backslash
+      if (kKeep && !copied) {
+        scratch.assign(start, p_ - start);
+        copied = true;
+      }
+      if (++p_ >= end_) fail("unterminated string");
+      char e = *p_++;
+      char out;
+      switch (e) {
+        case '"': out = '"'; break;
+        case '\\': out = '\\'; break;
+        case '/': out = '/'; break;
+        case 'b': out = '\b'; break;
+        case 'f': out = '\f'; break;
+        case 'n': out = '\n'; break;
+        case 'r': out = '\r'; break;
+        case 't': out = '\t'; break;
+        case 'u': {
+          unsigned v = code_point();
+          if (kKeep) utf8(scratch, v);
+          continue;
+        }
+        default: fail("invalid escape in a string");
+      }
+      if (kKeep) scratch.push_back(out);
+    }
+  }
+
+  // Past plain ASCII: the first '"', backslash, control or non-ASCII byte, or end.
+  static const char* plain_ascii(const char* p, const char* end) {
+#ifdef __SSE2__
+    const __m128i quote = _mm_set1_epi8('"'), backslash = _mm_set1_epi8('\\');
+    const __m128i space = _mm_set1_epi8(0x20);
+    while (end - p >= 16) {
+      __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+      // signed compare: bytes below 0x20 and those from 0x80 (negative) both stop
+      __m128i stop = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmpeq_epi8(v, backslash)),
+                                  _mm_cmpgt_epi8(space, v));
+      int mask = _mm_movemask_epi8(stop);
+      if (mask) return p + __builtin_ctz(static_cast<unsigned>(mask));
+      p += 16;
+    }
+#endif
+    while (p < end) {
+      unsigned char c = static_cast<unsigned char>(*p);
+      if (c == '"' || c == '\\' || c < 0x20 || c >= 0x80) return p;
+      ++p;
+    }
+    return p;
+  }
+
+  // The length of the strict UTF-8 sequence at p (no overlongs, surrogates or past U+10FFFF).
+  size_t utf8_length(const char* p, const char* end) const {
+    const unsigned char* u = reinterpret_cast<const unsigned char*>(p);
+    unsigned char c = u[0];
+    size_t len;
+    unsigned lo = 0x80, hi = 0xBF;
+    if (c >= 0xC2 && c <= 0xDF) {
+      len = 2;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      len = 3;
+      if (c == 0xE0) lo = 0xA0;
+      if (c == 0xED) hi = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      len = 4;
+      if (c == 0xF0) lo = 0x90;
+      if (c == 0xF4) hi = 0x8F;
+    } else {
+      fail("invalid UTF-8");
+    }
+    if (static_cast<size_t>(end - p) < len) fail("invalid UTF-8");
+    if (u[1] < lo || u[1] > hi) fail("invalid UTF-8");
+    for (size_t k = 2; k < len; ++k)
+      if (u[k] < 0x80 || u[k] > 0xBF) fail("invalid UTF-8");
+    return len;
+  }
+
+  unsigned hex4() {
+    if (end_ - p_ < 4) fail("unterminated string");
+    unsigned v = 0;
+    for (int k = 0; k < 4; ++k) {
+      char h = *p_++;
+      v <<= 4;
+      if (h >= '0' && h <= '9') v |= h - '0';
+      else if (h >= 'a' && h <= 'f') v |= h - 'a' + 10;
+      else if (h >= 'A' && h <= 'F') v |= h - 'A' + 10;
+      else fail("invalid \\u escape");
+    }
+    return v;
+  }
+
+  unsigned code_point() {
+    unsigned v = hex4();
+    if (v >= 0xDC00 && v <= 0xDFFF) fail("lone surrogate");
+    if (v >= 0xD800 && v <= 0xDBFF) {
+      if (end_ - p_ < 6 || p_[0] != '\\' || p_[1] != 'u') fail("lone surrogate");
+      p_ += 2;
+      unsigned low = hex4();
+      if (low < 0xDC00 || low > 0xDFFF) fail("lone surrogate");
+      v = 0x10000 + ((v - 0xD800) << 10) + (low - 0xDC00);
+    }
+    if (v == 0) fail("NUL in a string");
+    return v;
+  }
+
+  static void utf8(std::string& out, unsigned v) {
+    if (v < 0x80) {
+      out.push_back(static_cast<char>(v));
+    } else if (v < 0x800) {
+      out.push_back(static_cast<char>(0xC0 | (v >> 6)));
+      out.push_back(static_cast<char>(0x80 | (v & 0x3F)));
+    } else if (v < 0x10000) {
+      out.push_back(static_cast<char>(0xE0 | (v >> 12)));
+      out.push_back(static_cast<char>(0x80 | ((v >> 6) & 0x3F)));
+      out.push_back(static_cast<char>(0x80 | (v & 0x3F)));
+    } else {
+      out.push_back(static_cast<char>(0xF0 | (v >> 18)));
+      out.push_back(static_cast<char>(0x80 | ((v >> 12) & 0x3F)));
+      out.push_back(static_cast<char>(0x80 | ((v >> 6) & 0x3F)));
+      out.push_back(static_cast<char>(0x80 | (v & 0x3F)));
+    }
+  }
+
+  // A JSON number (its grammar checked), p_ past it: integers exactly while they fit int64.
+  Num number_value() {
+    Num n;
+    n.present = true;
+    const char* start = p_;
+    bool negative = peek() == '-';
+    if (negative) ++p_;
+    uint64_t magnitude = 0;
+    const char* digits = p_;
+    if (peek() == '0') {
+      ++p_;
+    } else if (peek() >= '1' && peek() <= '9') {
+      while (p_ < end_ && *p_ >= '0' && *p_ <= '9') magnitude = magnitude * 10 + (*p_++ - '0');
+    } else {
+      fail("invalid JSON");
+    }
+    bool fits = p_ - digits <= 19;  // 19 digits never wrap a uint64
+    n.integral = true;
+    if (peek() == '.') {
+      n.integral = false;
+      ++p_;
+      if (!(peek() >= '0' && peek() <= '9')) fail("invalid number");
+      while (p_ < end_ && *p_ >= '0' && *p_ <= '9') ++p_;
+    }
+    if (peek() == 'e' || peek() == 'E') {
+      n.integral = false;
+      ++p_;
+      if (peek() == '+' || peek() == '-') ++p_;
+      if (!(peek() >= '0' && peek() <= '9')) fail("invalid number");
+      while (p_ < end_ && *p_ >= '0' && *p_ <= '9') ++p_;
+    }
+    constexpr uint64_t kMax = static_cast<uint64_t>(INT64_MAX);
+    if (n.integral && fits && magnitude <= kMax + (negative ? 1 : 0)) {
+      n.i = negative ? static_cast<int64_t>(0 - magnitude) : static_cast<int64_t>(magnitude);
+      n.d = static_cast<double>(n.i);  // correctly rounded, as Python's float(int)
+      return n;
+    }
+    if (n.integral) n.odd = true;  // past int64: Python keeps it exact
+    auto r = std::from_chars(start, p_, n.d);
+    if (r.ec != std::errc() || r.ptr != p_ || !std::isfinite(n.d)) fail("number out of range");
+    return n;
+  }
+
+  // A value read as a number: numbers, null; anything else is odd (and skipped).
+  Num number() {
+    char c = peek();
+    if (c == 'n') {
+      literal("null");
+      return Num();
+    }
+    if (c != '-' && !(c >= '0' && c <= '9')) {
+      Num n;
+      n.present = n.odd = true;
+      skip(1);
+      return n;
+    }
+    return number_value();
+  }
+
+  // A value read as a string: strings, null; anything else fails (the Python reader decides).
+  Str text(std::string& scratch) {
+    Str s;
+    if (peek() == 'n') {
+      literal("null");
+      return s;
+    }
+    if (peek() != '"') fail("a string field holds something else");
+    s.present = true;
+    s.s = string(scratch);
+    return s;
+  }
+
+  template <size_t N>
+  void literal(const char (&word)[N]) {
+    constexpr size_t n = N - 1;
+    if (static_cast<size_t>(end_ - p_) < n || std::memcmp(p_, word, n) != 0) fail("invalid JSON");
+    p_ += n;
+  }
+
+  void skip(int depth) {
+    if (depth > kMaxDepth) fail("nested too deeply");
+    char c = peek();
+    if (c == '"') {
+      skip_string();
+    } else if (c == '{') {
+      ++p_;
+      ws();
+      if (peek() == '}') {
+        ++p_;
+        return;
+      }
+      while (true) {
+        skip_string();
+        ws();
+        expect(':');
+        ws();
+        skip(depth + 1);
+        ws();
+        if (peek() == ',') {
+          ++p_;
+          ws();
+          continue;
+        }
+        expect('}');
+        return;
+      }
+    } else if (c == '[') {
+      ++p_;
+      ws();
+      if (peek() == ']') {
+        ++p_;
+        return;
+      }
+      while (true) {
+        skip(depth + 1);
+        ws();
+        if (peek() == ',') {
+          ++p_;
+          ws();
+          continue;
+        }
+        expect(']');
+        return;
+      }
+    } else if (c == 't') {
+      literal("true");
+    } else if (c == 'f') {
+      literal("false");
+    } else if (c == 'n') {
+      literal("null");
+    } else {
+      number_value();
+    }
+  }
+
+  void events(Columns& c) {
+    expect('[');
+    ws();
+    if (peek() == ']') {
+      ++p_;
+      return;
+    }
+    while (true) {
+      event(c);
+      ++c.events;
+      ws();
+      if (peek() == ',') {
+        ++p_;
+        ws();
+        continue;
+      }
+      expect(']');
+      return;
+    }
+  }
+
+  struct Args {
+    Num stream, correlation, bytes, device_type, total_allocated, total_reserved;
+  };
+
+  // The args keys the groups read (the last of a repeated key, as the Python reader takes it).
+  Args args_at(int64_t start, int64_t stop) {
+    const char* saved = p_;
+    p_ = begin_ + start;
+    Args a;
+    expect('{');
+    ws();
+    if (peek() == '}') {
+      ++p_;
+    } else {
+      while (true) {
+        std::string_view key = string(key_scratch_);
+        ws();
+        expect(':');
+        ws();
+        if (key == "stream") a.stream = number();
+        else if (key == "correlation") a.correlation = number();
+        else if (key == "bytes") a.bytes = number();
+        else if (key == "Device Type") a.device_type = number();
+        else if (key == "Total Allocated") a.total_allocated = number();
+        else if (key == "Total Reserved") a.total_reserved = number();
+        else skip(2);
+        ws();
+        if (peek() == ',') {
+          ++p_;
+          ws();
+          continue;
+        }
+        expect('}');
+        break;
+      }
+    }
+    if (p_ - begin_ != stop) fail("args changed under the scan");
+    p_ = saved;
+    return a;
+  }
+
+  // An int64 column's value: the Python reader's default for missing or null.
+  int64_t integer(const Num& n, int64_t missing) const {
+    if (!n.present) return missing;
+    if (n.odd || !n.integral) throw Fallback{"a non-integer where an integer is read", p_ - begin_};
+    return n.i;
+  }
+
+  double real(const Num& n, double missing) const {
+    if (!n.present) return missing;
+    if (n.odd) throw Fallback{"a non-number where a number is read", p_ - begin_};
+    return n.d;
+  }
+
+  void event(Columns& c) {
+    if (peek() != '{') fail("an event that is not an object");
+    ++p_;
+    ws();
+    Str ph, cat, name;
+    Num pid, tid, ts, dur;
+    int64_t args_start = -1, args_stop = -1;
+    bool args_object = false;
+    if (peek() == '}') {
+      ++p_;
+    } else {
+      while (true) {
+        std::string_view key = string(key_scratch_);
+        ws();
+        expect(':');
+        ws();
+        switch (event_key(key)) {
+          case kPh: ph = text(ph_scratch_); break;
+          case kCat: cat = text(cat_scratch_); break;
+          case kName: name = text(name_scratch_); break;
+          case kPid: pid = number(); break;
+          case kTid: tid = number(); break;
+          case kTs: ts = number(); break;
+          case kDur: dur = number(); break;
+          case kArgs:
+            args_object = peek() == '{';
+            args_start = p_ - begin_;
+            skip(2);
+            args_stop = p_ - begin_;
+            break;
+          default: skip(2);
+        }
+        ws();
+        if (peek() == ',') {
+          ++p_;
+          ws();
+          continue;
+        }
+        expect('}');
+        break;
+      }
+    }
+    if (!ph.present) return;
+    unsigned kind = 0;
+    std::string_view n = name.present ? name.s : std::string_view();
+    if (ph.s == "i") {
+      kind = n == "[memory]" ? static_cast<unsigned>(kMemory) : 0u;
+    } else if (ph.s == "X") {
+      if (cat.present && one_of(cat.s, {"kernel", "gpu_memcpy", "gpu_memset", "Kernel", "Memcpy",
+                                        "Memset"}))
+        kind = kGpu;
+      else if (cat.present && one_of(cat.s, {"cuda_runtime", "cuda_driver", "Runtime", "Driver"}))
+        kind = kLaunch;
+      if (name.present && (n == "record_param_comms" || is_comm_annotation(n)))
+        kind |= kCpu | kComm;
+      else if ((cat.present && cat.s == "user_annotation") || (name.present && is_step(n)))
+        kind |= kCpu;
+    }
+    if (!kind) return;
+    Args a;
+    if (args_object && (kind & (kGpu | kLaunch | kMemory))) a = args_at(args_start, args_stop);
+    if (kind & kGpu) {
+      c.gpu_name.add(n, true);
+      c.gpu_cat.add(cat.s, cat.present);
+      c.gpu_ts.push_back(real(ts, 0.0));
+      c.gpu_dur.push_back(real(dur, 0.0));
+      c.gpu_pid.push_back(integer(pid, -1));
+      c.gpu_tid.push_back(integer(tid, -1));
+      c.gpu_stream.push_back(integer(a.stream, -1));
+      c.gpu_correlation.push_back(integer(a.correlation, -1));
+      c.gpu_bytes.push_back(integer(a.bytes, -1));
+    }
+    if (kind & kLaunch) {
+      c.launch_ts.push_back(real(ts, 0.0));
+      c.launch_tid.push_back(integer(tid, -1));
+      c.launch_correlation.push_back(integer(a.correlation, -1));
+    }
+    if (kind & kCpu) {
+      c.cpu_name.add(n, true);
+      c.cpu_cat.add(cat.s, cat.present);
+      c.cpu_ts.push_back(real(ts, 0.0));
+      c.cpu_dur.push_back(real(dur, 0.0));
+      c.cpu_pid.push_back(integer(pid, -1));
+      c.cpu_tid.push_back(integer(tid, -1));
+      bool keep = (kind & kComm) && args_object;
+      c.cpu_args_start.push_back(keep ? args_start : -1);
+      c.cpu_args_end.push_back(keep ? args_stop : -1);
+    }
+    if (kind & kMemory) {
+      c.memory_ts.push_back(real(ts, 0.0));
+      c.memory_device_type.push_back(integer(a.device_type, 0));
+      c.memory_allocated.push_back(real(a.total_allocated, NAN));
+      c.memory_reserved.push_back(real(a.total_reserved, NAN));
+    }
+  }
+};
+
+struct Column {
+  const char* name;
+  const void* data;
+  int64_t length;  // elements
+};
+
+template <typename T>
+Column col(const char* name, const std::vector<T>& v) {
+  return {name, v.data(), static_cast<int64_t>(v.size())};
+}
+
+void strings(std::vector<Column>& out, const char* offsets, const char* data, const char* valid,
+             const Strings& s) {
+  out.push_back(col(offsets, s.offsets));
+  out.push_back({data, s.data.data(), static_cast<int64_t>(s.data.size())});
+  out.push_back(col(valid, s.valid));
+}
+
+std::vector<Column> columns(const Columns& c) {
+  std::vector<Column> out{
+      {"header", &c.header[0][0], 6},
+      col("gpu_ts", c.gpu_ts),
+      col("gpu_dur", c.gpu_dur),
+      col("gpu_pid", c.gpu_pid),
+      col("gpu_tid", c.gpu_tid),
+      col("gpu_stream", c.gpu_stream),
+      col("gpu_correlation", c.gpu_correlation),
+      col("gpu_bytes", c.gpu_bytes),
+      col("launch_ts", c.launch_ts),
+      col("launch_tid", c.launch_tid),
+      col("launch_correlation", c.launch_correlation),
+      col("cpu_ts", c.cpu_ts),
+      col("cpu_dur", c.cpu_dur),
+      col("cpu_pid", c.cpu_pid),
+      col("cpu_tid", c.cpu_tid),
+      col("cpu_args_start", c.cpu_args_start),
+      col("cpu_args_end", c.cpu_args_end),
+      col("memory_ts", c.memory_ts),
+      col("memory_device_type", c.memory_device_type),
+      col("memory_allocated", c.memory_allocated),
+      col("memory_reserved", c.memory_reserved),
+  };
+  strings(out, "gpu_name.offsets", "gpu_name.data", "gpu_name.valid", c.gpu_name);
+  strings(out, "gpu_cat.offsets", "gpu_cat.data", "gpu_cat.valid", c.gpu_cat);
+  strings(out, "cpu_name.offsets", "cpu_name.data", "cpu_name.valid", c.cpu_name);
+  strings(out, "cpu_cat.offsets", "cpu_cat.data", "cpu_cat.valid", c.cpu_cat);
+  return out;
+}
+
+}  // namespace
+
+extern "C" {
+
+// Scan one trace's JSON text; never null, never throws. Free with dtprof_kineto_free.
+void* dtprof_kineto_scan(const char* text, int64_t length) {
+  auto* r = new Result();
+  try {
+    Scanner(text, length).document(r->cols);
+  } catch (const Fallback& f) {
+    r->status = 1;
+    r->why = f.why;
+    r->at = f.at;
+    r->cols = Columns();
+  } catch (const std::exception& e) {
+    r->status = 1;
+    r->why = e.what();
+    r->cols = Columns();
+  }
+  return r;
+}
+
+int dtprof_kineto_status(void* result) { return static_cast<Result*>(result)->status; }
+
+const char* dtprof_kineto_why(void* result) { return static_cast<Result*>(result)->why.c_str(); }
+
+int64_t dtprof_kineto_at(void* result) { return static_cast<Result*>(result)->at; }
+
+int64_t dtprof_kineto_events(void* result) { return static_cast<Result*>(result)->cols.events; }
+
+// The result's columns, by name: their count, and each one's name, address and length.
+int dtprof_kineto_columns(void* result, const char** names, const void** data, int64_t* lengths,
+                          int capacity) {
+  auto cols = columns(static_cast<Result*>(result)->cols);
+  int n = static_cast<int>(cols.size());
+  for (int i = 0; i < n && i < capacity; ++i) {
+    names[i] = cols[i].name;
+    data[i] = cols[i].data;
+    lengths[i] = cols[i].length;
+  }
+  return n;
+}
+
+void dtprof_kineto_free(void* result) { delete static_cast<Result*>(result); }
+}

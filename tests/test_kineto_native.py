@@ -1,0 +1,235 @@
+"""The native profiler-trace reader reads exactly what the Python reader reads, or gives it back."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from dtprof.errors import DtprofError
+from dtprof.trace import kineto_native
+from dtprof.trace.kineto import Cols, KinetoFile, read_kineto
+from tests import kinetobuild as kb
+from tests.conftest import native_reader_or_skip
+
+REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference_traces"
+
+
+@pytest.fixture(autouse=True)
+def reader() -> None:
+    native_reader_or_skip()
+
+
+def assert_same(native: KinetoFile, python: KinetoFile) -> None:
+    """Every field equal, arrays of the same type (NaN equal to NaN)."""
+    assert native.reader == "native" and python.reader == "python"
+    for field in dataclasses.fields(KinetoFile):
+        if field.name != "reader":
+            _same(getattr(native, field.name), getattr(python, field.name), field.name)
+
+
+def _same(a: Any, b: Any, where: str) -> None:
+    if isinstance(a, Cols):
+        for field in dataclasses.fields(Cols):
+            _same(getattr(a, field.name), getattr(b, field.name), f"{where}.{field.name}")
+    elif isinstance(a, np.ndarray):
+        assert a.dtype == b.dtype, where
+        assert np.array_equal(a, b, equal_nan=a.dtype.kind == "f"), where
+    elif isinstance(a, pa.Array):
+        assert a.type == b.type and a.equals(b), (where, a, b)
+    else:
+        assert a == b, where
+
+
+def both(path: Path) -> tuple[KinetoFile | str, KinetoFile | str]:
+    """(native read, or why it gave the file back, or what it raised; Python read, or what it
+    raised): where the native reader raises, the Python reader raises the same."""
+    try:
+        native = kineto_native.read(path)
+    except ValueError as exc:  # out of range: the importer names the file
+        native = f"raised: {exc!r}"
+    try:
+        python: KinetoFile | str = read_kineto(path, native=False)
+    except DtprofError as exc:
+        python = f"error: {exc}"
+    except ValueError as exc:
+        python = f"raised: {exc!r}"
+    if isinstance(native, str) and native.startswith("raised: "):
+        assert python == native
+    return native, python
+
+
+def _odd(doc: dict[str, Any]) -> dict[str, Any]:
+    """Valid, unusual events the native reader reads itself."""
+    events = doc["traceEvents"]
+    events[2]["name"] = 'void k<"q">(\\) é \u2603 \U0001f600 \t'  # escapes, UTF-8, a surrogate pair
+    events[2]["args"]["stream"] = None  # a null stream: the thread's
+    del events[4]["dur"]  # no dur: ends where it starts
+    events[5]["cat"] = None  # a null category
+    events[6]["args"] = [1, 2]  # args that are no object: no args
+    events[7] = {"args": {"x": {"y": [1, {"z": None}]}}, **events[7], "ph": "X"}  # order, nesting
+    events.insert(0, {"ph": "X", "cat": "kernel", "ts": -1.5e-3, "dur": 2.5e2, "pid": -1})
+    events.insert(0, {"name": "no ph", "ts": 1})
+    events.insert(0, {})
+    return doc
+
+
+@pytest.mark.parametrize(
+    ("name", "layout", "options"),
+    [
+        ("rank0.json", "profiler", {}),
+        ("rank0.json.gz", "compact", {"relative": True, "seq": True}),
+        ("rank0.json", "compact", {"float_offset_us": 0.125, "nccl": kb.NCCL_NEW}),
+        ("odd.json", "profiler", {"relative": True}),
+    ],
+)
+def test_reads_what_the_python_reader_reads(
+    tmp_path: Path, name: str, layout: str, options: dict[str, Any]
+) -> None:
+    doc = kb.trace(0, steps=4, **options)
+    if name == "odd.json":
+        doc = _odd(doc)
+    native, python = both(kb.write(tmp_path, name, doc, layout=layout))
+    assert isinstance(native, KinetoFile) and isinstance(python, KinetoFile), (native, python)
+    assert_same(native, python)
+    assert len(native.gpu) and len(native.cpu) and len(native.memory_ts_ns)
+
+
+@pytest.mark.parametrize(
+    ("change", "gives_back"),
+    [
+        (lambda e: e[2].update(pid="Spans"), "a non-integer where an integer is read"),
+        (lambda e: e[2].update(name=5), "a string field holds something else"),
+        (lambda e: e[2].update(ts="100.5"), "a non-number where a number is read"),
+        (lambda e: e[2]["args"].update(stream=7.0), "a non-integer where an integer is read"),
+        (lambda e: e[2].update(tid=True), "a non-integer where an integer is read"),
+    ],
+)
+def test_what_it_gives_back_the_python_reader_reads(
+    tmp_path: Path, change: Any, gives_back: str
+) -> None:
+    doc = kb.trace(0)
+    change(doc["traceEvents"])
+    native, python = both(kb.write(tmp_path, "rank0.json", doc))
+    assert isinstance(native, str) and native.startswith(gives_back), native
+    assert isinstance(python, KinetoFile), python
+    read = read_kineto(tmp_path / "rank0.json")
+    assert read.reader == "python" and len(read.gpu) == len(python.gpu)
+
+
+@pytest.mark.parametrize(
+    ("text", "gives_back", "python_reads"),
+    [
+        (b'{"traceEvents": [{"ph": "X", "name": "\xff"}]}', "invalid UTF-8", False),
+        (b'{"traceEvents": [{"ph": "X", "x": "\xff"}]}', "invalid UTF-8", True),
+        (b'{"traceEvents": [{"ph": "X", "x": "\\ud800"}]}', "lone surrogate", False),
+        (b'{"traceEvents": [{"ph": "X", "ts": 01}]}', "invalid JSON", False),
+        (b'{"traceEvents": [{"ph": "X",}]}', "invalid JSON", False),
+        (b'{"traceEvents": [7]}', "an event that is not an object", False),
+        (b'{"traceEvents": []} []', "something after the trace object", False),
+        (b'{"traceEvents": [], "traceEvents": [{}]}', "traceEvents twice", True),
+        (b'{"hello": 1}', "no traceEvents list", False),
+        (b"[1, 2]", "invalid JSON", False),
+    ],
+)
+def test_bad_or_doubtful_text_is_left_to_the_python_reader(
+    tmp_path: Path, text: bytes, gives_back: str, python_reads: bool
+) -> None:
+    path = tmp_path / "rank0.json"
+    path.write_bytes(text)
+    native, python = both(path)
+    assert isinstance(native, str) and native.startswith(gives_back), native
+    if python_reads:
+        assert isinstance(python, KinetoFile), python
+    else:
+        assert isinstance(python, str) and str(path) in python, python  # its one-line error
+
+
+def test_random_damage_never_makes_it_read_otherwise_than_the_python_reader(
+    tmp_path: Path,
+) -> None:
+    text = json.dumps(_odd(kb.trace(0, steps=2, seq=True)), ensure_ascii=False).encode()
+    rng = random.Random(20261122)
+    alphabet = b'{}[]:,"\\ 0123456789.-eE+tfnul\xc3\xa9\xff\x01'
+    path = tmp_path / "rank0.json"
+    outcomes = {"same": 0, "native gave back": 0, "both refuse": 0}
+    for _ in range(300):
+        damaged = bytearray(text)
+        for _ in range(rng.randint(1, 3)):
+            at = rng.randrange(len(damaged))
+            what = rng.random()
+            if what < 0.4:
+                damaged[at] = rng.choice(alphabet)
+            elif what < 0.7:
+                del damaged[at : at + rng.randint(1, 4)]
+            else:
+                damaged[at:at] = bytes([rng.choice(alphabet)])
+        path.write_bytes(bytes(damaged))
+        native, python = both(path)
+        if isinstance(native, KinetoFile):
+            assert isinstance(python, KinetoFile), (bytes(damaged), python)
+            assert_same(native, python)
+            outcomes["same"] += 1
+        elif native.startswith("raised: "):
+            outcomes["both refuse"] += 1
+        else:
+            outcomes["native gave back" if isinstance(python, KinetoFile) else "both refuse"] += 1
+    assert all(outcomes.values()), outcomes  # each kind of outcome was met
+
+
+@pytest.mark.parametrize("name", ["hta_v100_allreduce_1rank", "hta_sampled_2rank"])
+def test_reads_the_reference_traces_as_the_python_reader_does(name: str) -> None:
+    folder = REFERENCE / name
+    if not folder.is_dir():
+        pytest.skip(f"{folder} is not here")
+    for path in sorted(folder.glob("*.json*")):
+        native, python = both(path)
+        assert isinstance(native, KinetoFile) and isinstance(python, KinetoFile)
+        assert_same(native, python)
+
+
+def test_off_switch_and_a_failed_build_fall_back_to_python(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = kb.write(tmp_path, "rank0.json", kb.trace(0))
+    try:
+        monkeypatch.setenv("DTPROF_NATIVE", "0")
+        kineto_native.forget()
+        assert kineto_native.read(path) == "off (DTPROF_NATIVE=0)"
+        assert read_kineto(path).reader == "python"
+        monkeypatch.delenv("DTPROF_NATIVE")
+        monkeypatch.setenv("CXX", "false")  # another compiler: another library, not built
+        monkeypatch.setenv("DTPROF_NATIVE_DIR", str(tmp_path / "native"))
+        kineto_native.forget()
+        why = kineto_native.read(path)
+        assert isinstance(why, str) and "building the profiler-trace reader failed" in why
+        assert len(list((tmp_path / "native").glob("*.failed"))) == 1
+        kineto_native.forget()
+        assert kineto_native.read(path) == why  # the failure is kept: no second try
+        assert read_kineto(path).reader == "python"
+    finally:
+        kineto_native.forget()
+
+
+def test_imported_meta_says_which_reader_read_the_file(tmp_path: Path) -> None:
+    kb.write(tmp_path / "k", "rank0.json", kb.trace(0))
+    out = tmp_path / "out"
+    for native, reader in (("1", "native"), ("0", "python")):
+        subprocess.run(
+            [sys.executable, "-m", "dtprof", "convert", str(tmp_path / "k"), "-o", str(out)],
+            env=dict(os.environ, DTPROF_NATIVE=native),
+            check=True,
+            capture_output=True,
+        )
+        meta = json.loads((out / "rank=00000" / "meta.json").read_text())
+        assert meta["imported"]["reader"] == reader
+        subprocess.run(["rm", "-rf", str(out)], check=True)
