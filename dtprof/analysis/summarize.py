@@ -97,7 +97,7 @@ def summarize_frames(
     steps = _frame(folder, "steps", rank, params)
     spans = _frame(folder, "spans", rank, params)
     steps["step_ns"] = steps["end_ns"] - steps["start_ns"]
-    kernels = _frame(folder, "kernels", rank, params)
+    kernels = _frame(folder, "kernels", rank, params, ("name", "category"))
     if not kernels.empty:
         spans = pd.concat([spans, compute_phases(rank, kernels, steps)], ignore_index=True)
     phases = spans[spans["kind"] == "phase"]

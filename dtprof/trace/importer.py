@@ -45,7 +45,7 @@ from dtprof.trace.schema import (
 )
 
 KINETO_SUFFIXES = (".json", ".json.gz")
-IMPORTER_VERSION = 2  # bump when the mapping changes: cached conversions are then redone
+IMPORTER_VERSION = 3  # bump when the mapping changes: cached conversions are then redone
 PROGRESS_AFTER_S = 1.0
 
 PerRank = Callable[[dict[str, Any], dict[str, pa.Table]], Any]

@@ -52,7 +52,12 @@ DTYPE_BYTES = {
 
 
 def _regex(names: pa.Array, pattern: str) -> np.ndarray:
-    return np.asarray(pc.match_substring_regex(names, pattern).to_numpy(zero_copy_only=False))
+    """Whether each name matches: the regex runs once per distinct name (a trace repeats few)."""
+    if names.null_count or len(names) < 64:
+        return np.asarray(pc.match_substring_regex(names, pattern).to_numpy(zero_copy_only=False))
+    coded = pc.dictionary_encode(names)
+    hits = pc.match_substring_regex(coded.dictionary, pattern).to_numpy(zero_copy_only=False)
+    return np.asarray(hits, bool)[coded.indices.to_numpy()]
 
 
 def _table(name: str, columns: dict[str, Any]) -> pa.Table:
@@ -105,12 +110,21 @@ def kernel_category(names: pa.Array, cats: pa.Array) -> np.ndarray:
     memcat = np.asarray(
         pc.is_in(cats, pa.array(["gpu_memcpy", "gpu_memset", "Memcpy", "Memset"])).to_numpy(
             zero_copy_only=False
-        )
+        ),
+        bool,
     )
-    out = np.full(len(names), "compute", dtype=object)
-    out[_regex(names, OTHER_KERNEL_RE)] = "other"
-    out[memcat | _regex(names, MEMORY_KERNEL_RE)] = "memory"
-    out[_regex(names, COMM_KERNEL_RE)] = "communication"
+    coded = pc.dictionary_encode(names)  # the rules run once per distinct name
+    distinct = coded.dictionary
+    by_name = np.full(len(distinct), "compute", dtype=object)
+    by_name[_regex(distinct, OTHER_KERNEL_RE)] = "other"
+    by_name[_regex(distinct, MEMORY_KERNEL_RE)] = "memory"
+    by_name[_regex(distinct, COMM_KERNEL_RE)] = "communication"
+    indices = coded.indices
+    if indices.null_count:
+        indices = pc.fill_null(indices, len(distinct))
+        by_name = np.append(by_name, "compute")
+    out = by_name[indices.to_numpy()]
+    out[memcat & (out != "communication")] = "memory"
     return out
 
 
@@ -341,26 +355,30 @@ def _add_args(
 
 
 def samples_table(kf: KinetoFile, steps: pd.DataFrame) -> pa.Table:
-    """The last ``[memory]`` reading of each step: allocated and reserved, CUDA and CPU."""
+    """The last ``[memory]`` reading of each step: allocated and reserved, CUDA and CPU.
+
+    Per (step, device), in that order, allocated then reserved: the last reading that has the
+    value (readings in time order, ties in file order), stamped with the group's last time."""
     if not len(kf.memory_ts_ns):
         return TABLES["samples"].schema.empty_table()
-    frame = pd.DataFrame(
-        {
-            "ts_ns": kf.memory_ts_ns,
-            "device": np.where(kf.memory_device_type == 1, "cuda", "cpu"),
-            "allocated_bytes": kf.memory_allocated,
-            "reserved_bytes": kf.memory_reserved,
-        }
-    )
-    frame["step"] = step_at(steps, kf.memory_ts_ns)
-    last = frame.sort_values("ts_ns").groupby(["step", "device"], as_index=False).last()
-    long = last.melt(
-        id_vars=["step", "device", "ts_ns"], value_vars=["allocated_bytes", "reserved_bytes"],
-        var_name="what", value_name="value",
-    )  # fmt: skip
-    long = long[long["value"].notna()]
-    long["metric"] = long["device"] + "_" + long["what"]
-    return _table("samples", {c: long[c] for c in ("step", "ts_ns", "metric", "value")})
+    order = np.argsort(kf.memory_ts_ns, kind="stable")
+    ts = kf.memory_ts_ns[order]
+    cuda = (kf.memory_device_type[order] == 1).astype(np.int64)
+    groups, group = np.unique(step_at(steps, ts) * 2 + cuda, return_inverse=True)
+    last_ts = np.zeros(len(groups), np.int64)
+    last_ts[group] = ts  # in time order: the last assignment to each group stays
+    parts = []
+    for what, values in (
+        ("allocated_bytes", kf.memory_allocated[order]),
+        ("reserved_bytes", kf.memory_reserved[order]),
+    ):
+        has = np.flatnonzero(~np.isnan(values))
+        found, last = np.unique(group[has][::-1], return_index=True)  # last reading with it
+        key = groups[found]
+        metric = np.where(key % 2 == 1, f"cuda_{what}", f"cpu_{what}").astype(object)
+        parts.append((key // 2, last_ts[found], metric, values[has][::-1][last]))
+    step, ts_ns, metric, value = (np.concatenate(column) for column in zip(*parts, strict=True))
+    return _table("samples", {"step": step, "ts_ns": ts_ns, "metric": metric, "value": value})
 
 
 def spans_table(kf: KinetoFile, steps: pd.DataFrame) -> pa.Table:
