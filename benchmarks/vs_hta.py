@@ -9,12 +9,13 @@
    rank) with only ``distributedInfo.rank`` changed.
 3. Times, each in a fresh child process: HTA (import, construct ``TraceAnalysis``, temporal
    breakdown, communication/computation overlap); ``dtprof analyze`` cold (an empty cache) and
-   warm (the cache the cold run left), ``--repeat`` times in turn. CPU time is the user + system
-   time of the child and all its descendants. Peak memory is the largest sum, over the child
-   and all its descendants (both tools use worker processes), of resident memory (RSS: pages
-   shared between them, the libraries and what a forked worker inherits, count once in each)
-   and of proportional memory (PSS: shared pages split between their users), sampled every
-   20 ms.
+   warm (the cache the cold run left), ``--repeat`` times in turn. dtprof's native reader is
+   built first where it is missing (``DTPROF_NATIVE=0`` times the Python reader). CPU time is
+   the user + system time of the child and all its descendants. Peak memory is the largest sum,
+   over the child and all its descendants (both tools use worker processes), of resident memory
+   (RSS: pages shared between them, the libraries and what a forked worker inherits, count once
+   in each) and of proportional memory (PSS: shared pages split between their users), sampled
+   every 20 ms.
 4. Prints a table of medians with the ratios, and both tools' figures for rank 0.
 """
 
@@ -152,11 +153,21 @@ def main() -> None:
     parser.add_argument("--keep", help="build the folder here and keep it")
     args = parser.parse_args()
     hta_python = ensure_hta()
+    from dtprof.cache import native_root
+    from dtprof.trace import kineto_native
+
+    library, why_not = kineto_native.load()  # built here (once) if it is not: not in a timed run
+    reader = "native" if library is not None else f"Python ({why_not})"
     with tempfile.TemporaryDirectory(prefix="vs_hta-") as tmp:
         folder = Path(args.keep) if args.keep else Path(tmp) / "traces"
         size = build_folder(folder, args.ranks)
         cache = Path(tmp) / "cache"
-        env = dict(os.environ, DTPROF_CACHE_DIR=str(cache), PYTHONWARNINGS="ignore")
+        env = dict(
+            os.environ,
+            DTPROF_CACHE_DIR=str(cache),  # emptied before each cold run
+            DTPROF_NATIVE_DIR=str(native_root()),  # where the reader was built, kept
+            PYTHONWARNINGS="ignore",
+        )
         dtprof_cmd = [sys.executable, "-m", "dtprof", "analyze", str(folder), "--format", "json"]
         runs: dict[str, list[Run]] = {}
         figures: dict[str, dict[str, float]] = {}
@@ -177,7 +188,7 @@ def main() -> None:
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print(
         f"{args.ranks} ranks, {size / 1e6:,.0f} MB of JSON, {os.cpu_count()} CPUs, load {load}, "
-        f"medians of {args.repeat} runs\n"
+        f"medians of {args.repeat} runs, dtprof's {reader} profiler-trace reader\n"
     )
     median = {
         name: tuple(statistics.median(r[i] for r in rs) for i in range(4))

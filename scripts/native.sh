@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Build dtprof's native kernel (DDP's buckets recorded at about no cost) for the torch in .venv:
-# `dtprof build-native`, once per torch build. Needs a C++ compiler: installed here with apt-get
-# when there is none and we are root (CI). Without one, recording uses the Python kernel.
+# Build dtprof's native libraries: the profiler-trace reader, and the kernel that records DDP's
+# buckets at about no cost for the torch in .venv (`dtprof build-native`, each once per version).
+# Needs a C++ compiler: installed here with apt-get when there is none and we are root (CI).
+# Without one, profiler traces are read and DDP's buckets recorded by Python.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . .venv/bin/activate
@@ -12,10 +13,10 @@ if ! command -v c++ >/dev/null; then
     apt-get update -qq >/dev/null
     apt-get install -y -qq g++ >/dev/null
   else
-    echo "native: no C++ compiler: DDP's buckets will be recorded by the Python kernel" >&2
+    echo "native: no C++ compiler: Python will read profiler traces and record DDP's buckets" >&2
     exit 0
   fi
 fi
-if ! dtprof build-native 2>&1 | tail -n 3; then
-  echo "native: the build failed; DDP's buckets will be recorded by the Python kernel" >&2
+if ! dtprof build-native 2>&1 | tail -n 4; then
+  echo "native: a build failed; what it would have done is done by Python" >&2
 fi

@@ -140,7 +140,7 @@ class Library:
     """The loaded scanner: scan(text) -> columns, or why it gave the text back."""
 
     def __init__(self, lib: ctypes.CDLL) -> None:
-        lib.dtprof_kineto_scan.argtypes = [ctypes.c_void_p, ctypes.c_int64]
+        lib.dtprof_kineto_scan.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int]
         lib.dtprof_kineto_scan.restype = ctypes.c_void_p
         lib.dtprof_kineto_status.argtypes = [ctypes.c_void_p]
         lib.dtprof_kineto_why.argtypes = [ctypes.c_void_p]
@@ -160,10 +160,14 @@ class Library:
         lib.dtprof_kineto_free.restype = None
         self.lib = lib
 
-    def scan(self, address: int, length: int) -> tuple[dict[str, np.ndarray], int] | str:
-        """(columns copied out, events) of the JSON text at address, or why it gave it back."""
+    def scan(
+        self, address: int, length: int, mapped: bool = False
+    ) -> tuple[dict[str, np.ndarray], int] | str:
+        """(columns copied out, events) of the JSON text at address, or why it gave it back.
+        ``mapped``: the text is a read-only file mapping, whose pages the scan drops from this
+        process's memory once scanned (they stay in the page cache)."""
         lib = self.lib
-        result = lib.dtprof_kineto_scan(address, length)  # the GIL is released meanwhile
+        result = lib.dtprof_kineto_scan(address, length, int(mapped))  # the GIL is released
         try:
             if lib.dtprof_kineto_status(result):
                 at = lib.dtprof_kineto_at(result)
@@ -263,7 +267,7 @@ def _scan_file(library: Library, path: Path, text: bytes | None) -> tuple[Any, .
     scanner gave it back: its gunzipped text when given, else the file mapped into memory."""
     if text is not None:
         address = ctypes.cast(ctypes.c_char_p(text), ctypes.c_void_p).value or 0
-        return _scanned(library.scan(address, len(text)), memoryview(text))
+        return _scanned(library.scan(address, len(text)))
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         if size == 0:
@@ -271,22 +275,26 @@ def _scan_file(library: Library, path: Path, text: bytes | None) -> tuple[Any, .
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
             view = np.frombuffer(mapped, np.uint8)
             try:
-                return _scanned(library.scan(view.ctypes.data, size), view)
+                return _scanned(library.scan(view.ctypes.data, size, mapped=True))
             finally:
                 del view
 
 
-def _scanned(scan: tuple[dict[str, np.ndarray], int] | str, text: Any) -> tuple[Any, ...] | str:
-    """The parts of the text the columns point to, copied out while the text is there."""
+def _scanned(scan: tuple[dict[str, np.ndarray], int] | str) -> tuple[Any, ...] | str:
+    """The header decoded, and the collectives' args as JSON texts, from their columns."""
     if isinstance(scan, str):
         return scan
     cols, events = scan
-    spans = cols.pop("header").reshape(3, 2)
     header = {
-        key: msgspec.json.decode(bytes(text[lo:hi]))
-        for key, (lo, hi) in zip(HEADER_KEYS, spans.tolist(), strict=True)
-        if lo >= 0
+        key: msgspec.json.decode(raw)
+        for key, raw in zip(HEADER_KEYS, _texts(cols, "header"), strict=True)
+        if raw is not None
     }
-    args_spans = zip(cols.pop("cpu_args_start").tolist(), cols.pop("cpu_args_end").tolist(), strict=True)
-    comm_args = [bytes(text[lo:hi]) if lo >= 0 else None for lo, hi in args_spans]
-    return cols, events, header, comm_args
+    return cols, events, header, _texts(cols, "cpu_args")
+
+
+def _texts(cols: dict[str, np.ndarray], name: str) -> list[bytes | None]:
+    """A string column as bytes (None where null), its columns taken out of ``cols``."""
+    offsets, data, valid = (cols.pop(f"{name}.{part}") for part in ("offsets", "data", "valid"))
+    raw, bounds = data.tobytes(), offsets.tolist()
+    return [raw[bounds[i] : bounds[i + 1]] if ok else None for i, ok in enumerate(valid.tolist())]

@@ -7,6 +7,9 @@
 // it give the file back ("fallback"), and the Python reader then reads it or says what is wrong.
 // Plain C ABI for ctypes: the scan runs without Python, so ctypes lets other threads run.
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <charconv>
 #ifdef __SSE2__
 #include <emmintrin.h>
@@ -45,13 +48,13 @@ struct Strings {
 
 struct Columns {
   int64_t events = 0;
-  int64_t header[3][2] = {{-1, -1}, {-1, -1}, {-1, -1}};  // byte spans of HEADER_KEYS
+  Strings header;  // the raw JSON of HEADER_KEYS, in that order (null where absent)
   Strings gpu_name, gpu_cat, cpu_name, cpu_cat;
   std::vector<double> gpu_ts, gpu_dur, launch_ts, cpu_ts, cpu_dur, memory_ts;
   std::vector<double> memory_allocated, memory_reserved;
   std::vector<int64_t> gpu_pid, gpu_tid, gpu_stream, gpu_correlation, gpu_bytes;
   std::vector<int64_t> launch_tid, launch_correlation, cpu_pid, cpu_tid;
-  std::vector<int64_t> cpu_args_start, cpu_args_end;  // comm events' args object; -1 for others
+  Strings cpu_args;  // comm events' args object as raw JSON; null for other events
   std::vector<int64_t> memory_device_type;
 };
 
@@ -127,7 +130,10 @@ enum Kind : unsigned { kGpu = 1, kLaunch = 2, kCpu = 4, kComm = 8, kMemory = 16 
 
 class Scanner {
  public:
-  Scanner(const char* text, int64_t len) : begin_(text), p_(text), end_(text + len) {}
+  // release: the text is a read-only file mapping, whose pages already scanned may be dropped
+  // (from this process's memory, not from the page cache) as the scan goes
+  Scanner(const char* text, int64_t len, bool release)
+      : begin_(text), p_(text), end_(text + len), released_(release ? text : nullptr) {}
 
   void document(Columns& c) {
     ws();
@@ -147,9 +153,10 @@ class Scanner {
         events_seen = true;
         events(c);
       } else if (header >= 0) {
-        c.header[header][0] = p_ - begin_;
+        const char* start = p_;
         skip(1);
-        c.header[header][1] = p_ - begin_;
+        header_text[header].assign(start, p_ - start);
+        header_seen[header] = true;
       } else {
         skip(1);
       }
@@ -165,12 +172,27 @@ class Scanner {
     ws();
     if (p_ != end_) fail("something after the trace object");
     if (!events_seen) fail("no traceEvents list");
+    for (int k = 0; k < 3; ++k) c.header.add(header_text[k], header_seen[k]);
   }
 
  private:
   const char* begin_;
   const char* p_;
   const char* end_;
+  const char* released_;  // null: never release
+  std::string header_text[3];
+  bool header_seen[3] = {false, false, false};
+
+  static constexpr int64_t kReleaseBytes = 8 << 20;
+
+  void release_scanned() {
+    if (!released_ || p_ - released_ < kReleaseBytes) return;
+    const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+    uintptr_t lo = (reinterpret_cast<uintptr_t>(released_) + page - 1) & ~(page - 1);
+    uintptr_t hi = reinterpret_cast<uintptr_t>(p_) & ~(page - 1);
+    if (hi > lo) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
+    released_ = p_;
+  }
   std::string key_scratch_, ph_scratch_, cat_scratch_, name_scratch_;
 
   [[noreturn]] void fail(const char* why) const { throw Fallback{why, p_ - begin_}; }
@@ -482,6 +504,7 @@ class Scanner {
     while (true) {
       event(c);
       ++c.events;
+      release_scanned();
       ws();
       if (peek() == ',') {
         ++p_;
@@ -632,8 +655,9 @@ class Scanner {
       c.cpu_pid.push_back(integer(pid, -1));
       c.cpu_tid.push_back(integer(tid, -1));
       bool keep = (kind & kComm) && args_object;
-      c.cpu_args_start.push_back(keep ? args_start : -1);
-      c.cpu_args_end.push_back(keep ? args_stop : -1);
+      c.cpu_args.add(keep ? std::string_view(begin_ + args_start, args_stop - args_start)
+                          : std::string_view(),
+                     keep);
     }
     if (kind & kMemory) {
       c.memory_ts.push_back(real(ts, 0.0));
@@ -664,7 +688,6 @@ void strings(std::vector<Column>& out, const char* offsets, const char* data, co
 
 std::vector<Column> columns(const Columns& c) {
   std::vector<Column> out{
-      {"header", &c.header[0][0], 6},
       col("gpu_ts", c.gpu_ts),
       col("gpu_dur", c.gpu_dur),
       col("gpu_pid", c.gpu_pid),
@@ -679,8 +702,6 @@ std::vector<Column> columns(const Columns& c) {
       col("cpu_dur", c.cpu_dur),
       col("cpu_pid", c.cpu_pid),
       col("cpu_tid", c.cpu_tid),
-      col("cpu_args_start", c.cpu_args_start),
-      col("cpu_args_end", c.cpu_args_end),
       col("memory_ts", c.memory_ts),
       col("memory_device_type", c.memory_device_type),
       col("memory_allocated", c.memory_allocated),
@@ -690,6 +711,8 @@ std::vector<Column> columns(const Columns& c) {
   strings(out, "gpu_cat.offsets", "gpu_cat.data", "gpu_cat.valid", c.gpu_cat);
   strings(out, "cpu_name.offsets", "cpu_name.data", "cpu_name.valid", c.cpu_name);
   strings(out, "cpu_cat.offsets", "cpu_cat.data", "cpu_cat.valid", c.cpu_cat);
+  strings(out, "cpu_args.offsets", "cpu_args.data", "cpu_args.valid", c.cpu_args);
+  strings(out, "header.offsets", "header.data", "header.valid", c.header);
   return out;
 }
 
@@ -698,10 +721,11 @@ std::vector<Column> columns(const Columns& c) {
 extern "C" {
 
 // Scan one trace's JSON text; never null, never throws. Free with dtprof_kineto_free.
-void* dtprof_kineto_scan(const char* text, int64_t length) {
+// release: the text is a read-only file mapping (see Scanner).
+void* dtprof_kineto_scan(const char* text, int64_t length, int release) {
   auto* r = new Result();
   try {
-    Scanner(text, length).document(r->cols);
+    Scanner(text, length, release != 0).document(r->cols);
   } catch (const Fallback& f) {
     r->status = 1;
     r->why = f.why;
