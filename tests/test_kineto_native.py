@@ -22,6 +22,8 @@ from tests import kinetobuild as kb
 from tests.conftest import native_reader_or_skip
 
 REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference_traces"
+if not REFERENCE.is_dir():
+    REFERENCE = Path("/work/shared/reference_traces")
 
 
 @pytest.fixture(autouse=True)
