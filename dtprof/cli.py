@@ -7,7 +7,7 @@ import os
 import platform
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from dtprof import __version__
 from dtprof.errors import DtprofError
@@ -121,33 +121,32 @@ def _cmd_build_native(args: argparse.Namespace) -> int:
     """Build dtprof's native libraries into its cache: the profiler-trace reader (a C++
     compiler needed) and, where torch is installed, the kernel that records DDP's buckets at
     about no cost (once per torch build; ninja needed too)."""
-    import time
-
     from dtprof.trace import kineto_native
 
-    failed = 0
-    started = time.monotonic()
-    try:
-        path = kineto_native.build(verbose=args.verbose)
-        print(f"dtprof: profiler-trace reader built in {time.monotonic() - started:.1f} s: {path}")
-    except DtprofError as exc:
-        print(f"dtprof: error: {exc}", file=sys.stderr)
-        failed += 1
+    built = _build("profiler-trace reader", kineto_native.build, args.verbose)
     kineto_native.forget()
     try:
         from dtprof.record import native
     except ImportError as exc:  # no torch here
         print(f"dtprof: no DDP bucket kernel: it needs torch ({exc})")
-        return 2 if failed else 0
-    started = time.monotonic()
+        return 0 if built else 2
     print("dtprof: building the DDP bucket kernel (10-30 s) ...", file=sys.stderr, flush=True)
+    built &= _build("DDP bucket kernel", native.build, args.verbose)
+    return 0 if built else 2
+
+
+def _build(what: str, build: Any, verbose: bool) -> bool:
+    """Run one native build; its failure is one line on stderr, and False."""
+    import time
+
+    started = time.monotonic()
     try:
-        path = native.build(verbose=args.verbose)
-        print(f"dtprof: DDP bucket kernel built in {time.monotonic() - started:.1f} s: {path}")
+        path = build(verbose=verbose)
     except DtprofError as exc:
         print(f"dtprof: error: {exc}", file=sys.stderr)
-        failed += 1
-    return 2 if failed else 0
+        return False
+    print(f"dtprof: {what} built in {time.monotonic() - started:.1f} s: {path}")
+    return True
 
 
 def _add_server_args(cmd: argparse.ArgumentParser) -> None:

@@ -137,15 +137,8 @@ class Scanner {
 
   void document(Columns& c) {
     ws();
-    expect('{');
-    ws();
     bool events_seen = false;
-    if (peek() == '}') fail("no traceEvents list");
-    while (true) {
-      std::string_view key = string(key_scratch_);
-      ws();
-      expect(':');
-      ws();
+    members([&](std::string_view key) {
       int header = key == "schemaVersion" ? 0 : key == "distributedInfo" ? 1
                  : key == "baseTimeNanoseconds" ? 2 : -1;
       if (key == "traceEvents") {
@@ -160,15 +153,7 @@ class Scanner {
       } else {
         skip(1);
       }
-      ws();
-      if (peek() == ',') {
-        ++p_;
-        ws();
-        continue;
-      }
-      expect('}');
-      break;
-    }
+    });
     ws();
     if (p_ != end_) fail("something after the trace object");
     if (!events_seen) fail("no traceEvents list");
@@ -438,51 +423,64 @@ class Scanner {
     p_ += n;
   }
 
+  // An object's members: member(key) reads each value (p_ at it). Keys share key_scratch_, so
+  // a key is read before its value is.
+  template <typename Member>
+  void members(Member&& member) {
+    expect('{');
+    ws();
+    if (peek() == '}') {
+      ++p_;
+      return;
+    }
+    while (true) {
+      std::string_view key = string(key_scratch_);
+      ws();
+      expect(':');
+      ws();
+      member(key);
+      ws();
+      if (peek() == ',') {
+        ++p_;
+        ws();
+        continue;
+      }
+      expect('}');
+      return;
+    }
+  }
+
+  // An array's elements: element() reads each one (p_ at it).
+  template <typename Element>
+  void elements(Element&& element) {
+    expect('[');
+    ws();
+    if (peek() == ']') {
+      ++p_;
+      return;
+    }
+    while (true) {
+      element();
+      ws();
+      if (peek() == ',') {
+        ++p_;
+        ws();
+        continue;
+      }
+      expect(']');
+      return;
+    }
+  }
+
   void skip(int depth) {
     if (depth > kMaxDepth) fail("nested too deeply");
     char c = peek();
     if (c == '"') {
       skip_string();
     } else if (c == '{') {
-      ++p_;
-      ws();
-      if (peek() == '}') {
-        ++p_;
-        return;
-      }
-      while (true) {
-        skip_string();
-        ws();
-        expect(':');
-        ws();
-        skip(depth + 1);
-        ws();
-        if (peek() == ',') {
-          ++p_;
-          ws();
-          continue;
-        }
-        expect('}');
-        return;
-      }
+      members([&](std::string_view) { skip(depth + 1); });
     } else if (c == '[') {
-      ++p_;
-      ws();
-      if (peek() == ']') {
-        ++p_;
-        return;
-      }
-      while (true) {
-        skip(depth + 1);
-        ws();
-        if (peek() == ',') {
-          ++p_;
-          ws();
-          continue;
-        }
-        expect(']');
-        return;
-      }
+      elements([&] { skip(depth + 1); });
     } else if (c == 't') {
       literal("true");
     } else if (c == 'f') {
@@ -495,25 +493,11 @@ class Scanner {
   }
 
   void events(Columns& c) {
-    expect('[');
-    ws();
-    if (peek() == ']') {
-      ++p_;
-      return;
-    }
-    while (true) {
+    elements([&] {
       event(c);
       ++c.events;
       release_scanned();
-      ws();
-      if (peek() == ',') {
-        ++p_;
-        ws();
-        continue;
-      }
-      expect(']');
-      return;
-    }
+    });
   }
 
   struct Args {
@@ -525,33 +509,15 @@ class Scanner {
     const char* saved = p_;
     p_ = begin_ + start;
     Args a;
-    expect('{');
-    ws();
-    if (peek() == '}') {
-      ++p_;
-    } else {
-      while (true) {
-        std::string_view key = string(key_scratch_);
-        ws();
-        expect(':');
-        ws();
-        if (key == "stream") a.stream = number();
-        else if (key == "correlation") a.correlation = number();
-        else if (key == "bytes") a.bytes = number();
-        else if (key == "Device Type") a.device_type = number();
-        else if (key == "Total Allocated") a.total_allocated = number();
-        else if (key == "Total Reserved") a.total_reserved = number();
-        else skip(2);
-        ws();
-        if (peek() == ',') {
-          ++p_;
-          ws();
-          continue;
-        }
-        expect('}');
-        break;
-      }
-    }
+    members([&](std::string_view key) {
+      if (key == "stream") a.stream = number();
+      else if (key == "correlation") a.correlation = number();
+      else if (key == "bytes") a.bytes = number();
+      else if (key == "Device Type") a.device_type = number();
+      else if (key == "Total Allocated") a.total_allocated = number();
+      else if (key == "Total Reserved") a.total_reserved = number();
+      else skip(2);
+    });
     if (p_ - begin_ != stop) fail("args changed under the scan");
     p_ = saved;
     return a;
@@ -572,46 +538,28 @@ class Scanner {
 
   void event(Columns& c) {
     if (peek() != '{') fail("an event that is not an object");
-    ++p_;
-    ws();
     Str ph, cat, name;
     Num pid, tid, ts, dur;
     int64_t args_start = -1, args_stop = -1;
     bool args_object = false;
-    if (peek() == '}') {
-      ++p_;
-    } else {
-      while (true) {
-        std::string_view key = string(key_scratch_);
-        ws();
-        expect(':');
-        ws();
-        switch (event_key(key)) {
-          case kPh: ph = text(ph_scratch_); break;
-          case kCat: cat = text(cat_scratch_); break;
-          case kName: name = text(name_scratch_); break;
-          case kPid: pid = number(); break;
-          case kTid: tid = number(); break;
-          case kTs: ts = number(); break;
-          case kDur: dur = number(); break;
-          case kArgs:
-            args_object = peek() == '{';
-            args_start = p_ - begin_;
-            skip(2);
-            args_stop = p_ - begin_;
-            break;
-          default: skip(2);
-        }
-        ws();
-        if (peek() == ',') {
-          ++p_;
-          ws();
-          continue;
-        }
-        expect('}');
-        break;
+    members([&](std::string_view key) {
+      switch (event_key(key)) {
+        case kPh: ph = text(ph_scratch_); break;
+        case kCat: cat = text(cat_scratch_); break;
+        case kName: name = text(name_scratch_); break;
+        case kPid: pid = number(); break;
+        case kTid: tid = number(); break;
+        case kTs: ts = number(); break;
+        case kDur: dur = number(); break;
+        case kArgs:
+          args_object = peek() == '{';
+          args_start = p_ - begin_;
+          skip(2);
+          args_stop = p_ - begin_;
+          break;
+        default: skip(2);
       }
-    }
+    });
     if (!ph.present) return;
     unsigned kind = 0;
     std::string_view n = name.present ? name.s : std::string_view();
