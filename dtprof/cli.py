@@ -56,18 +56,25 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     """Find stragglers and other problems in a trace; exit 1 if any is at --fail-on or above."""
     import json
 
-    from dtprof.analysis import analyze
-    from dtprof.analysis.render import markdown, text
-    from dtprof.analysis.report import severity_rank
+    from dtprof.trace import kineto_ahead
 
-    report = analyze(
-        args.trace,
-        steps=args.steps,
-        ranks=args.ranks,
-        progress=True,
-        scheduler=args.scheduler,
-        workers=args.workers,
-    )
+    if not (args.scheduler or args.workers):  # profiler traces: read while the imports run
+        kineto_ahead.start(args.trace)
+    try:
+        from dtprof.analysis import analyze
+        from dtprof.analysis.render import markdown, text
+        from dtprof.analysis.report import severity_rank
+
+        report = analyze(
+            args.trace,
+            steps=args.steps,
+            ranks=args.ranks,
+            progress=True,
+            scheduler=args.scheduler,
+            workers=args.workers,
+        )
+    finally:
+        kineto_ahead.stop()
     if args.format == "json":
         out = json.dumps(report.to_json(), indent=1)
     else:
@@ -86,9 +93,15 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
 
 def _cmd_convert(args: argparse.Namespace) -> int:
     """Convert a folder of PyTorch profiler traces (*.json[.gz]) into a dtprof trace."""
-    from dtprof.trace.importer import convert
+    from dtprof.trace import kineto_ahead
 
-    ranks = convert(args.source, args.output, progress=True)
+    kineto_ahead.start(args.source, even_if_cached=True)  # read while the imports run
+    try:
+        from dtprof.trace.importer import convert
+
+        ranks = convert(args.source, args.output, progress=True)
+    finally:
+        kineto_ahead.stop()
     print(f"{args.output}: {ranks} rank(s) written")
     return 0
 

@@ -17,8 +17,9 @@ import dtprof
 from dtprof.analysis import analyze
 from dtprof.cli import main
 from dtprof.trace import kineto_events
-from dtprof.trace.importer import cached, trace_kind
+from dtprof.trace.importer import trace_kind
 from dtprof.trace.kineto import read_kineto
+from dtprof.trace.kineto_ahead import cached
 from dtprof.trace.kineto_map import rank_tables
 from tests import kinetobuild as kb
 

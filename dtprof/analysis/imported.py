@@ -10,7 +10,8 @@ from typing import Any
 import pyarrow as pa
 
 from dtprof.analysis.summarize import RankSummary, summarize_frames, summarize_rank
-from dtprof.trace.importer import cache_path, cached, import_kineto, resolve, trace_kind
+from dtprof.trace.importer import import_kineto, resolve, trace_kind
+from dtprof.trace.kineto_ahead import cache_path, cached
 from dtprof.trace.reader import find_rank_dirs
 
 

@@ -15,7 +15,6 @@ files, so every rank's meta.json agrees.
 from __future__ import annotations
 
 import gc
-import hashlib
 import os
 import shutil
 import sys
@@ -29,32 +28,24 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from dtprof import __version__
-from dtprof.cache import cache_root
 from dtprof.errors import DtprofError
-from dtprof.trace import kineto_native
+from dtprof.trace import kineto_ahead, kineto_native
 from dtprof.trace.kineto import rank_from_name, read_kineto
+from dtprof.trace.kineto_ahead import KINETO_SUFFIXES, cache_path, cached, kineto_files, trace_files
 from dtprof.trace.kineto_map import SEQ_FROM, rank_meta, rank_tables
 from dtprof.trace.schema import (
     META_FILE,
     RANK_DIR_PREFIX,
-    SCHEMA_VERSION,
     SEALED_PREFIX,
     TABLES,
     rank_dir_name,
 )
 
-KINETO_SUFFIXES = (".json", ".json.gz")
-IMPORTER_VERSION = 3  # bump when the mapping changes: cached conversions are then redone
 PROGRESS_AFTER_S = 1.0
 
+Job = tuple[Path, tuple[int, str], Path | None]  # file, fallback rank, where to write it
 PerRank = Callable[[dict[str, Any], dict[str, pa.Table]], Any]
 Mapper = Callable[[Callable[[Any], Any], list[Any]], list[Any]]  # fn over items, in order
-
-
-def kineto_files(folder: Path) -> list[Path]:
-    """The ``*.json`` / ``*.json.gz`` files directly in a folder, sorted by name."""
-    return sorted(p for p in folder.iterdir() if p.is_file() and p.name.endswith(KINETO_SUFFIXES))
 
 
 def trace_kind(path: str | os.PathLike[str]) -> str:
@@ -84,25 +75,6 @@ def trace_kind(path: str | os.PathLike[str]) -> str:
         f"{p}: not a dtprof trace (no rank=NNNNN folders), a folder of PyTorch profiler "
         "traces (*.json, *.json.gz) nor of Flight Recorder dumps"
     )
-
-
-def _files(path: Path) -> list[Path]:
-    return [path] if path.is_file() else kineto_files(path)
-
-
-def cache_path(path: Path) -> Path:
-    """Where the conversion of these files is cached: keyed by their paths, sizes and mtimes."""
-    key = hashlib.sha1(f"{__version__}/{SCHEMA_VERSION}/{IMPORTER_VERSION}".encode())
-    for f in _files(path):
-        st = f.stat()
-        key.update(f"{f.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
-    return cache_root() / "kineto" / key.hexdigest()[:20]
-
-
-def cached(path: Path) -> Path | None:
-    """The cached conversion of a Kineto path, if one is complete."""
-    target = cache_path(path)
-    return target if target.is_dir() else None
 
 
 def resolve(path: str | os.PathLike[str], progress: bool = False) -> Path:
@@ -199,7 +171,7 @@ def import_kineto(
     ``mapper`` (e.g. a Dask cluster's) runs the files instead of this machine's processes; its
     workers write nothing, only per_rank's results come back.
     """
-    files = _files(path)
+    files = trace_files(path)
     fallbacks = _fallback_ranks(files)
     kineto_native.load()  # built here once, not in each worker; forked workers inherit it
     if mapper is not None:
@@ -228,12 +200,16 @@ def _run(
     progress: bool,
 ) -> dict[int, tuple[int, str, int, dict[str, Any], Any]]:
     """Convert every file: in this process and, with more CPUs, in worker processes beside it
-    (this one takes the next file whenever the workers are busy: one process fewer to hold)."""
+    (this one takes the next file whenever the workers are busy: one process fewer to hold).
+
+    Workers take files from the first, this process from the last: the order in which files
+    scanned ahead during the imports (kineto_ahead) were scanned, and those stay here."""
     outs = [tmp / f"file-{i}" if tmp is not None else None for i in range(len(files))]
     queue = deque(enumerate(zip(files, fallbacks, outs, strict=True)))
     extra = min(len(files), os.cpu_count() or 1) - 1
     started, total, read = time.monotonic(), sum(f.stat().st_size for f in files), 0
     done: dict[int, tuple[int, str, int, dict[str, Any], Any]] = {}
+    ahead = kineto_ahead.current()
 
     def finished(i: int, result: tuple[int, str, int, dict[str, Any], Any]) -> None:
         nonlocal read
@@ -247,8 +223,17 @@ def _run(
                 flush=True,
             )
 
+    def for_worker() -> tuple[int, Job] | None:
+        """The first file waiting that was not scanned ahead, kept from the scan-ahead."""
+        for k, (i, job) in enumerate(queue):
+            if ahead is None or ahead.reserve(job[0]):
+                del queue[k]
+                return i, job
+        return None
+
     if extra <= 0:
-        for i, job in queue:
+        while queue:
+            i, job = queue.pop()
             finished(i, _convert_one(*job, per_rank))
         return done
     # A forked worker inherits this process's garbage: collected there, an object such as a
@@ -261,11 +246,11 @@ def _run(
             while queue or running:
                 # one file waiting beside each worker's: a worker that finishes goes on at
                 # once, not when this process is done with the file it took meanwhile
-                while queue and len(running) < 2 * extra:
-                    i, job = queue.popleft()
+                while len(running) < 2 * extra and (next_job := for_worker()) is not None:
+                    i, job = next_job
                     running[pool.submit(_convert_one, *job, per_rank)] = i
                 if queue:
-                    i, job = queue.popleft()
+                    i, job = queue.pop()
                     finished(i, _convert_one(*job, per_rank))
                 ready, _ = wait(running, timeout=0 if queue else None, return_when=FIRST_COMPLETED)
                 for fut in ready:

@@ -15,11 +15,7 @@ kept beside it and the Python reader is used without trying again until the sour
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import mmap
 import os
-import platform
-import shutil
 import subprocess
 import sys
 import threading
@@ -30,14 +26,14 @@ import msgspec
 import numpy as np
 import pyarrow as pa
 
-from dtprof.cache import native_root
 from dtprof.errors import DtprofError
+from dtprof.trace import kineto_ahead
 from dtprof.trace.kineto import Cols, KinetoFile, ns_from_us
+from dtprof.trace.kineto_ahead import SOURCE, compiler, library_path, off, open_library
 from dtprof.trace.kineto_events import HEADER_KEYS, Args, args_dict, read_bytes
 
-SOURCE = Path(__file__).with_name("kineto_scan.cpp")
-OFF_VALUES = {"0", "off", "no", "false"}
 MAX_COLUMNS = 64
+GZIPPED = 2  # the scanner's status for a gzipped file
 _DTYPES = {"ts": np.float64, "dur": np.float64, "allocated": np.float64, "reserved": np.float64}
 
 _ARGS = msgspec.json.Decoder(Args)
@@ -45,20 +41,6 @@ _ARGS = msgspec.json.Decoder(Args)
 _lock = threading.Lock()
 _library: Library | None = None
 _why_not = ""
-
-
-def compiler() -> str | None:
-    """$CXX, else the first C++ compiler on PATH."""
-    if os.environ.get("CXX"):
-        return os.environ["CXX"]
-    return next(filter(None, map(shutil.which, ("c++", "g++", "clang++"))), None)
-
-
-def library_path() -> Path:
-    """The library in the cache, named by its source, the compiler and the machine."""
-    key = hashlib.sha1(SOURCE.read_bytes())
-    key.update(f"\0{compiler()}\0{platform.machine()}\0{sys.platform}".encode())
-    return native_root() / f"kineto-scan-{key.hexdigest()[:16]}.so"
 
 
 def build(verbose: bool = False) -> Path:
@@ -102,7 +84,7 @@ def load(build_missing: bool = True) -> tuple[Library | None, str]:
     """(the library, "") or (None, why not). Builds it when missing, unless a build failed
     before; never raises."""
     global _library, _why_not
-    if os.environ.get("DTPROF_NATIVE", "").strip().lower() in OFF_VALUES:
+    if off():
         return None, "off (DTPROF_NATIVE=0)"
     with _lock:
         if _library is not None or _why_not:
@@ -122,7 +104,7 @@ def load(build_missing: bool = True) -> tuple[Library | None, str]:
                 except DtprofError as exc:
                     _keep_failure(failed, str(exc))
                     raise
-            _library = Library(ctypes.CDLL(str(path)))
+            _library = Library(open_library(path))
         except (DtprofError, OSError) as exc:
             _why_not = str(exc).splitlines()[0] if str(exc) else repr(exc)
     return _library, _why_not
@@ -137,37 +119,30 @@ def _keep_failure(failed: Path, why: str) -> None:
 
 
 class Library:
-    """The loaded scanner: scan(text) -> columns, or why it gave the text back."""
+    """The loaded scanner: a file or a text in, its columns out (or why it gave it back)."""
 
     def __init__(self, lib: ctypes.CDLL) -> None:
-        lib.dtprof_kineto_scan.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int]
-        lib.dtprof_kineto_scan.restype = ctypes.c_void_p
-        lib.dtprof_kineto_status.argtypes = [ctypes.c_void_p]
-        lib.dtprof_kineto_why.argtypes = [ctypes.c_void_p]
-        lib.dtprof_kineto_why.restype = ctypes.c_char_p
-        lib.dtprof_kineto_at.argtypes = [ctypes.c_void_p]
-        lib.dtprof_kineto_at.restype = ctypes.c_int64
-        lib.dtprof_kineto_events.argtypes = [ctypes.c_void_p]
-        lib.dtprof_kineto_events.restype = ctypes.c_int64
-        lib.dtprof_kineto_columns.argtypes = [
-            ctypes.c_void_p,
-            ctypes.POINTER(ctypes.c_char_p),
-            ctypes.POINTER(ctypes.c_void_p),
-            ctypes.POINTER(ctypes.c_int64),
-            ctypes.c_int,
-        ]
-        lib.dtprof_kineto_free.argtypes = [ctypes.c_void_p]
-        lib.dtprof_kineto_free.restype = None
         self.lib = lib
 
-    def scan(
-        self, address: int, length: int, mapped: bool = False
-    ) -> tuple[dict[str, np.ndarray], int] | str:
-        """(columns copied out, events) of the JSON text at address, or why it gave it back.
-        ``mapped``: the text is a read-only file mapping, whose pages the scan drops from this
-        process's memory once scanned (they stay in the page cache)."""
+    def scan(self, address: int, length: int) -> tuple[dict[str, np.ndarray], int] | str:
+        """(columns copied out, events) of the JSON text at address, or why it gave it back."""
+        return self.result(self.lib.dtprof_kineto_scan(address, length, 0))
+
+    def scan_file(self, path: Path) -> int:
+        """The scan of a file, mapped by the scanner (see result and gzipped)."""
+        return int(self.lib.dtprof_kineto_scan_file(os.fsencode(path)))
+
+    def gzipped(self, result: int) -> bool:
+        """Whether a file's scan found it gzipped (then freed: inflate it and scan the text)."""
+        if self.lib.dtprof_kineto_status(result) != GZIPPED:
+            return False
+        self.lib.dtprof_kineto_free(result)
+        return True
+
+    def result(self, result: int) -> tuple[dict[str, np.ndarray], int] | str:
+        """(columns copied out, events) of a scan, or why it gave the text back; the scan is
+        freed. Scans run without the GIL (ctypes releases it), so other threads go on."""
         lib = self.lib
-        result = lib.dtprof_kineto_scan(address, length, int(mapped))  # the GIL is released
         try:
             if lib.dtprof_kineto_status(result):
                 at = lib.dtprof_kineto_at(result)
@@ -216,9 +191,14 @@ def read(path: Path) -> KinetoFile | str:
     library, why = load()
     if library is None:
         return why
-    with open(path, "rb") as f:
-        gzipped = f.read(2) == b"\x1f\x8b"
-    scanned = _scan_file(library, path, read_bytes(path) if gzipped else None)
+    ahead = kineto_ahead.take(path)  # scanned while the libraries were imported, if it was
+    result = ahead if ahead is not None else library.scan_file(path)
+    if library.gzipped(result):  # inflated here (zlib lets other threads run), then scanned
+        text = read_bytes(path)
+        address = ctypes.cast(ctypes.c_char_p(text), ctypes.c_void_p).value or 0
+        scanned = _scanned(library.scan(address, len(text)))
+    else:
+        scanned = _scanned(library.result(result))
     if isinstance(scanned, str):
         return scanned
     cols, events, header, comm_args = scanned
@@ -260,24 +240,6 @@ def read(path: Path) -> KinetoFile | str:
         events=events,
         reader="native",
     )
-
-
-def _scan_file(library: Library, path: Path, text: bytes | None) -> tuple[Any, ...] | str:
-    """(columns, events, header, each CPU event's args text or None) of a file, or why the
-    scanner gave it back: its gunzipped text when given, else the file mapped into memory."""
-    if text is not None:
-        address = ctypes.cast(ctypes.c_char_p(text), ctypes.c_void_p).value or 0
-        return _scanned(library.scan(address, len(text)))
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if size == 0:
-            return "an empty file"
-        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-            view = np.frombuffer(mapped, np.uint8)
-            try:
-                return _scanned(library.scan(view.ctypes.data, size, mapped=True))
-            finally:
-                del view
 
 
 def _scanned(scan: tuple[dict[str, np.ndarray], int] | str) -> tuple[Any, ...] | str:

@@ -7,13 +7,16 @@
 // it give the file back ("fallback"), and the Python reader then reads it or says what is wrong.
 // Plain C ABI for ctypes: the scan runs without Python, so ctypes lets other threads run.
 
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <charconv>
 #ifdef __SSE2__
 #include <emmintrin.h>
 #endif
+#include <cerrno>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -60,7 +63,7 @@ struct Columns {
 
 struct Result {
   Columns cols;
-  int status = 0;  // 0: read; 1: given back to the Python reader
+  int status = 0;  // 0: read; 1: given back to the Python reader; 2: gzip (inflate, then scan)
   std::string why;
   int64_t at = -1;
 };
@@ -664,6 +667,13 @@ std::vector<Column> columns(const Columns& c) {
   return out;
 }
 
+void* given_back(const char* why) {
+  auto* r = new Result();
+  r->status = 1;
+  r->why = why;
+  return r;
+}
+
 }  // namespace
 
 extern "C" {
@@ -684,6 +694,33 @@ void* dtprof_kineto_scan(const char* text, int64_t length, int release) {
     r->why = e.what();
     r->cols = Columns();
   }
+  return r;
+}
+
+// Scan one trace file: mapped read-only, its pages dropped once scanned (they stay in the page
+// cache). Status 2 for a gzipped file, which the caller inflates and scans as text; status 1,
+// with the reason, for one that cannot be opened, mapped or read with certainty.
+void* dtprof_kineto_scan_file(const char* path) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return given_back(std::strerror(errno));
+  struct stat st;
+  if (fstat(fd, &st) != 0 || st.st_size == 0) {
+    const char* why = st.st_size == 0 ? "an empty file" : std::strerror(errno);
+    close(fd);
+    return given_back(why);
+  }
+  unsigned char magic[2] = {0, 0};
+  if (st.st_size >= 2 && pread(fd, magic, 2, 0) == 2 && magic[0] == 0x1f && magic[1] == 0x8b) {
+    close(fd);
+    auto* r = static_cast<Result*>(given_back("gzip"));
+    r->status = 2;
+    return r;
+  }
+  void* text = mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
+  close(fd);
+  if (text == MAP_FAILED) return given_back(std::strerror(errno));
+  void* r = dtprof_kineto_scan(static_cast<const char*>(text), st.st_size, 1);
+  munmap(text, static_cast<size_t>(st.st_size));
   return r;
 }
 

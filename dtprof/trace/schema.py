@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 1
+from dtprof.trace.versions import SCHEMA_VERSION as SCHEMA_VERSION
+
 META_FILE = "meta.json"
 INFLIGHT_FILE = "inflight.json"
 RANK_DIR_PREFIX = "rank="

@@ -1,0 +1,228 @@
+"""What happens to profiler traces before the analyzer's libraries are imported.
+
+A cold ``dtprof analyze`` of PyTorch profiler traces spends its first half second importing
+numpy, pyarrow and pandas, on one CPU. This module needs only the standard library, so the
+command can look first (are these profiler traces, is their conversion cached, is the native
+reader built) and, when the files must be read, start one thread that scans them with the
+native reader (``kineto_scan.cpp``) meanwhile. The scan runs in C without the GIL, beside the
+imports.
+
+The thread scans from the last file backwards, the order in which the importer's own process
+takes files; its worker processes take files from the first and never one scanned here
+(:func:`dtprof.trace.importer.import_kineto`). Only the process that started the thread takes
+its results: a forked worker inherits the object, not the thread.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import sys
+import threading
+from pathlib import Path
+
+from dtprof import __version__
+from dtprof.cache import cache_root, native_root
+from dtprof.trace.versions import IMPORTER_VERSION, SCHEMA_VERSION
+
+KINETO_SUFFIXES = (".json", ".json.gz")
+RANK_DIR_PREFIX = "rank="  # dtprof.trace.schema's, which imports pyarrow
+SOURCE = Path(__file__).with_name("kineto_scan.cpp")
+OFF_VALUES = {"0", "off", "no", "false"}
+
+
+def kineto_files(folder: Path) -> list[Path]:
+    """The ``*.json`` / ``*.json.gz`` files directly in a folder, sorted by name."""
+    return sorted(p for p in folder.iterdir() if p.is_file() and p.name.endswith(KINETO_SUFFIXES))
+
+
+def trace_files(path: Path) -> list[Path]:
+    """The profiler-trace files of a path: itself if a file, else those in the folder."""
+    return [path] if path.is_file() else kineto_files(path)
+
+
+def cache_path(path: Path) -> Path:
+    """Where the conversion of these files is cached: keyed by their paths, sizes and mtimes."""
+    key = hashlib.sha1(f"{__version__}/{SCHEMA_VERSION}/{IMPORTER_VERSION}".encode())
+    for f in trace_files(path):
+        st = f.stat()
+        key.update(f"{f.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return cache_root() / "kineto" / key.hexdigest()[:20]
+
+
+def cached(path: Path) -> Path | None:
+    """The cached conversion of a Kineto path, if one is complete."""
+    target = cache_path(path)
+    return target if target.is_dir() else None
+
+
+def off() -> bool:
+    """Whether ``DTPROF_NATIVE=0`` (or off, no, false) keeps the native reader unloaded."""
+    return os.environ.get("DTPROF_NATIVE", "").strip().lower() in OFF_VALUES
+
+
+def compiler() -> str | None:
+    """$CXX, else the first C++ compiler on PATH."""
+    if os.environ.get("CXX"):
+        return os.environ["CXX"]
+    return next(filter(None, map(shutil.which, ("c++", "g++", "clang++"))), None)
+
+
+def library_path() -> Path:
+    """The native reader in the cache, named by its source, the compiler and the machine."""
+    key = hashlib.sha1(SOURCE.read_bytes())
+    key.update(f"\0{compiler()}\0{platform.machine()}\0{sys.platform}".encode())
+    return native_root() / f"kineto-scan-{key.hexdigest()[:16]}.so"
+
+
+def open_library(path: Path) -> ctypes.CDLL:
+    """The built reader, its functions typed for ctypes."""
+    lib = ctypes.CDLL(str(path))
+    lib.dtprof_kineto_scan.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int]
+    lib.dtprof_kineto_scan.restype = ctypes.c_void_p
+    lib.dtprof_kineto_scan_file.argtypes = [ctypes.c_char_p]
+    lib.dtprof_kineto_scan_file.restype = ctypes.c_void_p
+    lib.dtprof_kineto_status.argtypes = [ctypes.c_void_p]
+    lib.dtprof_kineto_why.argtypes = [ctypes.c_void_p]
+    lib.dtprof_kineto_why.restype = ctypes.c_char_p
+    lib.dtprof_kineto_at.argtypes = [ctypes.c_void_p]
+    lib.dtprof_kineto_at.restype = ctypes.c_int64
+    lib.dtprof_kineto_events.argtypes = [ctypes.c_void_p]
+    lib.dtprof_kineto_events.restype = ctypes.c_int64
+    lib.dtprof_kineto_columns.argtypes = [
+        ctypes.c_void_p,
+        ctypes.POINTER(ctypes.c_char_p),
+        ctypes.POINTER(ctypes.c_void_p),
+        ctypes.POINTER(ctypes.c_int64),
+        ctypes.c_int,
+    ]
+    lib.dtprof_kineto_free.argtypes = [ctypes.c_void_p]
+    lib.dtprof_kineto_free.restype = None
+    return lib
+
+
+def _key(path: Path) -> str:
+    return os.path.abspath(path)
+
+
+class ScanAhead:
+    """One thread scanning files with the native reader, last file first, until the first file
+    is taken: from then on the importer's processes keep both CPUs busy, and a third scan
+    would only take turns with them. Results wait here until taken, or are freed by close()."""
+
+    def __init__(self, lib: ctypes.CDLL, files: list[Path]) -> None:
+        self._lib = lib
+        self._pid = os.getpid()
+        self._order = [_key(f) for f in reversed(files)]
+        self._cond = threading.Condition()
+        self._scanned: dict[str, int] = {}  # file -> the scanner's result
+        self._scanning: str | None = None
+        self._claimed: set[str] = set()  # taken or reserved: not to be scanned here
+        self._closed = False
+        self._taking = False  # a file was taken: start no other
+        self._thread = threading.Thread(target=self._run, name="dtprof-scan-ahead", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        for name in self._order:
+            with self._cond:
+                if self._closed or self._taking:
+                    return
+                if name in self._claimed:
+                    continue
+                self._scanning = name
+            result = self._lib.dtprof_kineto_scan_file(os.fsencode(name))  # without the GIL
+            with self._cond:
+                self._scanning = None
+                if self._closed:
+                    self._lib.dtprof_kineto_free(result)
+                    return
+                self._scanned[name] = result
+                self._cond.notify_all()
+
+    def _mine(self) -> bool:
+        return os.getpid() == self._pid and not self._closed
+
+    def take(self, path: Path) -> int | None:
+        """The scanner's result for a file (waiting while it is being scanned), or None when it
+        was not scanned here; the caller frees it. A file asked for is never scanned here after."""
+        if not self._mine():
+            return None
+        name = _key(path)
+        with self._cond:
+            self._taking = True
+            while self._scanning == name:
+                self._cond.wait()
+            self._claimed.add(name)
+            return self._scanned.pop(name, None)
+
+    def reserve(self, path: Path) -> bool:
+        """Keep a file for another process: False when it is scanned or being scanned here."""
+        if not self._mine():
+            return True
+        name = _key(path)
+        with self._cond:
+            if name in self._scanned or name == self._scanning:
+                return False
+            self._claimed.add(name)
+            return True
+
+    def close(self) -> None:
+        """Stop after the file being scanned, and free every result not taken."""
+        if os.getpid() != self._pid:
+            return
+        with self._cond:
+            self._closed = True
+            for result in self._scanned.values():
+                self._lib.dtprof_kineto_free(result)
+            self._scanned.clear()
+
+
+_current: ScanAhead | None = None
+
+
+def start(path: str | os.PathLike[str], even_if_cached: bool = False) -> ScanAhead | None:
+    """Start scanning a path's profiler traces ahead, when they are profiler traces (whose
+    conversion is not cached, unless ``even_if_cached``) and the native reader is built;
+    never raises."""
+    global _current
+    try:
+        p = Path(path)
+        if off() or not p.exists():
+            return None
+        if p.is_dir():
+            with os.scandir(p) as entries:
+                if any(e.is_dir() and e.name.startswith(RANK_DIR_PREFIX) for e in entries):
+                    return None  # a dtprof trace
+        files = trace_files(p) if p.is_dir() or p.name.endswith(KINETO_SUFFIXES) else []
+        if not files or (not even_if_cached and cached(p) is not None):
+            return None
+        library = library_path()
+        if not library.is_file():
+            return None  # the importer builds it, and reports a failed build
+        stop()
+        _current = ScanAhead(open_library(library), files)
+    except (OSError, AttributeError):  # unreadable, or a library of another version
+        return None
+    return _current
+
+
+def current() -> ScanAhead | None:
+    """The scan started in this process, if any."""
+    return _current
+
+
+def take(path: Path) -> int | None:
+    """The result scanned ahead for a file, or None (see ScanAhead.take)."""
+    return _current.take(path) if _current is not None else None
+
+
+def stop() -> None:
+    """Close the scan started in this process, if any."""
+    global _current
+    if _current is not None:
+        _current.close()
+        _current = None

@@ -1,0 +1,176 @@
+"""Scanning profiler traces ahead, while the analyzer imports its libraries."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from dtprof.analysis import analyze
+from dtprof.cli import main
+from dtprof.trace import kineto_ahead
+from dtprof.trace.importer import import_kineto
+from dtprof.trace.kineto import read_kineto
+from tests import kinetobuild as kb
+from tests.conftest import native_reader_or_skip
+from tests.test_kineto_native import assert_same
+
+
+class FakeScanner:
+    """The library's two calls that ScanAhead makes: each scan waits until the test lets it end."""
+
+    def __init__(self) -> None:
+        self.started: list[str] = []
+        self.freed: list[int] = []
+        self.release: dict[str, threading.Event] = {}
+        self.cond = threading.Condition()
+
+    def dtprof_kineto_scan_file(self, path: bytes) -> int:
+        name = os.fsdecode(path)
+        with self.cond:
+            self.started.append(name)
+            self.release[name] = threading.Event()
+            self.cond.notify_all()
+        self.release[name].wait(10)
+        return 1000 + len(self.started)
+
+    def dtprof_kineto_free(self, result: int) -> None:
+        self.freed.append(result)
+
+    def wait_started(self, count: int) -> None:
+        with self.cond:
+            assert self.cond.wait_for(lambda: len(self.started) >= count, 10)
+
+
+def files(tmp_path: Path, n: int) -> list[Path]:
+    return [tmp_path / f"rank{i}.json" for i in range(n)]
+
+
+@pytest.fixture(autouse=True)
+def no_scan_left() -> Iterator[None]:
+    yield
+    kineto_ahead.stop()
+
+
+def test_scans_from_the_last_file_and_starts_none_after_the_first_take(tmp_path: Path) -> None:
+    lib = FakeScanner()
+    f = files(tmp_path, 4)
+    ahead = kineto_ahead.ScanAhead(lib, f)  # type: ignore[arg-type]
+    lib.wait_started(1)
+    lib.release[str(f[3])].set()
+    lib.wait_started(2)
+    assert lib.started == [str(f[3]), str(f[2])]
+    assert ahead.reserve(f[0])  # not scanned: a worker may take it, and it is not scanned here
+    assert not ahead.reserve(f[3]) and not ahead.reserve(f[2])  # scanned, and being scanned
+    threading.Timer(0.2, lib.release[str(f[2])].set).start()
+    assert ahead.take(f[2]) == 1002  # waits for the scan under way
+    assert ahead.take(f[3]) == 1001
+    assert ahead.take(f[1]) is None  # never scanned: the caller scans it
+    ahead._thread.join(10)
+    assert lib.started == [str(f[3]), str(f[2])]  # nothing started after the first take
+    assert lib.freed == []  # taken results are the taker's to free
+
+
+def test_close_frees_what_was_not_taken_and_a_forked_child_takes_nothing(tmp_path: Path) -> None:
+    lib = FakeScanner()
+    f = files(tmp_path, 3)
+    ahead = kineto_ahead.ScanAhead(lib, f)  # type: ignore[arg-type]
+    lib.wait_started(1)
+    lib.release[str(f[2])].set()
+    lib.wait_started(2)
+    pid = os.fork()
+    if pid == 0:  # the child inherits the scans, not the thread: it must scan for itself
+        os._exit(0 if ahead.take(f[2]) is None and ahead.reserve(f[2]) else 1)
+    assert os.waitpid(pid, 0)[1] == 0
+    ahead.close()
+    assert lib.freed == [1001]  # scanned, never taken
+    lib.release[str(f[1])].set()  # the scan under way at close is freed when it ends
+    ahead._thread.join(10)
+    assert lib.freed == [1001, 1002] and lib.started == [str(f[2]), str(f[1])]
+    assert ahead.take(f[1]) is None
+
+
+def test_files_scanned_ahead_read_as_the_native_reader_reads_them(tmp_path: Path) -> None:
+    native_reader_or_skip()
+    folder = tmp_path / "k"
+    paths = [kb.write(folder, f"rank{r}.json", kb.trace(r, world=3)) for r in range(2)]
+    paths.append(kb.write(folder, "rank2.json.gz", kb.trace(2, world=3, relative=True)))
+    ahead = kineto_ahead.start(folder)
+    assert ahead is not None and kineto_ahead.current() is ahead
+    ahead._thread.join(10)
+    assert len(ahead._scanned) == 3  # the gzipped file too: it is found gzipped, then inflated
+    for path in paths:
+        native = read_kineto(path)
+        assert native.reader == "native"
+        assert_same(native, read_kineto(path, native=False))
+    assert ahead._scanned == {}
+
+
+def test_the_importer_keeps_files_scanned_ahead_for_its_own_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    native_reader_or_skip()
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)  # one worker process beside this one
+    folder = tmp_path / "k"
+    for r in range(4):
+        kb.write(folder, f"rank{r}.json", kb.trace(r, world=4))
+    plain = import_kineto(folder, tmp_path / "plain")
+    ahead = kineto_ahead.start(folder)
+    assert ahead is not None
+    ahead._thread.join(10)  # every file scanned here: a worker would scan one again
+    scanned = set(ahead._scanned)
+    assert len(scanned) == 4
+    taken: list[Path] = []
+    take = ahead.take
+    monkeypatch.setattr(ahead, "take", lambda path: taken.append(path) or take(path))
+    metas = import_kineto(folder, tmp_path / "ahead")
+    assert ahead._scanned == {} and {os.path.abspath(p) for p in taken} == scanned
+    assert [m for m, _ in metas] == [m for m, _ in plain]
+
+
+def test_start_only_for_profiler_traces_to_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    native_reader_or_skip()
+    monkeypatch.setenv("DTPROF_CACHE_DIR", str(tmp_path / "cache"))
+    folder = tmp_path / "k"
+    for r in range(2):
+        kb.write(folder, f"rank{r}.json", kb.trace(r))
+    assert kineto_ahead.start(tmp_path / "missing") is None
+    (tmp_path / "empty").mkdir()
+    assert kineto_ahead.start(tmp_path / "empty") is None
+    monkeypatch.setenv("DTPROF_NATIVE", "0")
+    assert kineto_ahead.start(folder) is None
+    monkeypatch.delenv("DTPROF_NATIVE")
+    with monkeypatch.context() as m:
+        m.setenv("DTPROF_NATIVE_DIR", str(tmp_path / "not-built"))
+        assert kineto_ahead.start(folder) is None  # the importer builds it, and says so
+    assert kineto_ahead.start(folder) is not None
+    assert kineto_ahead.start(folder / "rank0.json") is not None  # one file
+    kineto_ahead.stop()
+    assert kineto_ahead.current() is None
+    assert main(["analyze", str(folder)]) == 0
+    assert kineto_ahead.current() is None  # the command stops what it started
+    assert kineto_ahead.start(folder) is None  # converted: the cache is read instead
+    assert kineto_ahead.start(folder, even_if_cached=True) is not None  # dtprof convert
+    converted = next((tmp_path / "cache" / "kineto").iterdir())
+    assert kineto_ahead.start(converted) is None  # a dtprof trace
+
+
+def test_analyze_reports_the_same_with_the_scan_ahead(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    native_reader_or_skip()
+    folder = tmp_path / "k"
+    for r in range(3):
+        kb.write(folder, f"rank{r}.json", kb.trace(r, world=3, compute_us=200 + 100 * r))
+    monkeypatch.setenv("DTPROF_CACHE_DIR", str(tmp_path / "c1"))
+    plain = json.loads(json.dumps(analyze(folder).to_json()))
+    monkeypatch.setenv("DTPROF_CACHE_DIR", str(tmp_path / "c2"))
+    assert main(["analyze", str(folder), "--format", "json"]) in (0, 1)
+    ahead = json.loads(capsys.readouterr().out)
+    assert ahead["findings"] == plain["findings"] and ahead["summary"] == plain["summary"]
