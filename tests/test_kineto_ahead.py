@@ -41,6 +41,9 @@ class FakeScanner:
     def dtprof_kineto_free(self, result: int) -> None:
         self.freed.append(result)
 
+    def dtprof_kineto_trim(self) -> None:
+        self.freed.append(0)
+
     def wait_started(self, count: int) -> None:
         with self.cond:
             assert self.cond.wait_for(lambda: len(self.started) >= count, 10)
@@ -75,19 +78,23 @@ def test_scans_from_the_last_file_and_starts_none_after_the_first_take(tmp_path:
     assert lib.freed == []  # taken results are the taker's to free
 
 
-def test_close_frees_what_was_not_taken_and_a_forked_child_takes_nothing(tmp_path: Path) -> None:
+def test_close_frees_what_was_not_taken_and_a_forked_child_takes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     lib = FakeScanner()
     f = files(tmp_path, 3)
     ahead = kineto_ahead.ScanAhead(lib, f)  # type: ignore[arg-type]
+    monkeypatch.setattr(kineto_ahead, "_current", ahead)
     lib.wait_started(1)
     lib.release[str(f[2])].set()
     lib.wait_started(2)
     pid = os.fork()
-    if pid == 0:  # the child inherits the scans, not the thread: it must scan for itself
-        os._exit(0 if ahead.take(f[2]) is None and ahead.reserve(f[2]) else 1)
+    if pid == 0:  # the child inherits the scans, not the thread: it frees them, scans itself
+        freed = lib.freed == [1001, 0] and ahead._scanned == {}
+        os._exit(0 if freed and ahead.take(f[2]) is None and ahead.reserve(f[2]) else 1)
     assert os.waitpid(pid, 0)[1] == 0
     ahead.close()
-    assert lib.freed == [1001]  # scanned, never taken
+    assert lib.freed == [1001]  # scanned, never taken (the child's freeing was its own)
     lib.release[str(f[1])].set()  # the scan under way at close is freed when it ends
     ahead._thread.join(10)
     assert lib.freed == [1001, 1002] and lib.started == [str(f[2]), str(f[1])]

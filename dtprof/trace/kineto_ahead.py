@@ -101,6 +101,8 @@ def open_library(path: Path) -> ctypes.CDLL:
     ]
     lib.dtprof_kineto_free.argtypes = [ctypes.c_void_p]
     lib.dtprof_kineto_free.restype = None
+    lib.dtprof_kineto_trim.argtypes = []
+    lib.dtprof_kineto_trim.restype = None
     return lib
 
 
@@ -125,6 +127,16 @@ class ScanAhead:
         self._taking = False  # a file was taken: start no other
         self._thread = threading.Thread(target=self._run, name="dtprof-scan-ahead", daemon=True)
         self._thread.start()
+
+    def forked(self) -> None:
+        """In a forked worker: free the inherited results, whose pages would otherwise count in
+        its memory too. No lock: the scanning thread is not there, and the forking thread held
+        the GIL, so no other thread was inside the dict."""
+        if self._scanned and not self._closed:
+            for result in self._scanned.values():
+                self._lib.dtprof_kineto_free(result)
+            self._scanned.clear()
+            self._lib.dtprof_kineto_trim()
 
     def _run(self) -> None:
         for name in self._order:
@@ -182,6 +194,14 @@ class ScanAhead:
 
 
 _current: ScanAhead | None = None
+
+
+def _forked() -> None:
+    if _current is not None:
+        _current.forked()
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 def start(path: str | os.PathLike[str], even_if_cached: bool = False) -> ScanAhead | None:

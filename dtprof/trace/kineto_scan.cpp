@@ -8,6 +8,9 @@
 // Plain C ABI for ctypes: the scan runs without Python, so ctypes lets other threads run.
 
 #include <fcntl.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -746,4 +749,11 @@ int dtprof_kineto_columns(void* result, const char** names, const void** data, i
 }
 
 void dtprof_kineto_free(void* result) { delete static_cast<Result*>(result); }
+
+// Give the pages of freed scans back to the system (glibc keeps them for reuse otherwise).
+void dtprof_kineto_trim() {
+#ifdef __GLIBC__
+  malloc_trim(0);
+#endif
+}
 }
