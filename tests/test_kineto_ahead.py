@@ -101,8 +101,11 @@ def test_close_frees_what_was_not_taken_and_a_forked_child_takes_nothing(
     assert ahead.take(f[1]) is None
 
 
-def test_files_scanned_ahead_read_as_the_native_reader_reads_them(tmp_path: Path) -> None:
+def test_files_scanned_ahead_read_as_the_native_reader_reads_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     native_reader_or_skip()
+    monkeypatch.setattr(os, "cpu_count", lambda: 1)  # one process: every file is its share
     folder = tmp_path / "k"
     paths = [kb.write(folder, f"rank{r}.json", kb.trace(r, world=3)) for r in range(2)]
     paths.append(kb.write(folder, "rank2.json.gz", kb.trace(2, world=3, relative=True)))
@@ -128,9 +131,9 @@ def test_the_importer_keeps_files_scanned_ahead_for_its_own_process(
     plain = import_kineto(folder, tmp_path / "plain")
     ahead = kineto_ahead.start(folder)
     assert ahead is not None
-    ahead._thread.join(10)  # every file scanned here: a worker would scan one again
+    ahead._thread.join(10)  # this process's share scanned: a worker would scan one again
     scanned = set(ahead._scanned)
-    assert len(scanned) == 4
+    assert scanned == {os.path.abspath(folder / f"rank{r}.json") for r in (2, 3)}  # 4 files / 2
     taken: list[Path] = []
     take = ahead.take
     monkeypatch.setattr(ahead, "take", lambda path: taken.append(path) or take(path))
@@ -156,7 +159,10 @@ def test_start_only_for_profiler_traces_to_read(
     with monkeypatch.context() as m:
         m.setenv("DTPROF_NATIVE_DIR", str(tmp_path / "not-built"))
         assert kineto_ahead.start(folder) is None  # the importer builds it, and says so
-    assert kineto_ahead.start(folder) is not None
+    for cpus, share in ((1, 2), (2, 1), (16, 1)):  # files over CPUs: this process's share
+        monkeypatch.setattr(os, "cpu_count", lambda cpus=cpus: cpus)
+        ahead = kineto_ahead.start(folder)
+        assert ahead is not None and len(ahead._order) == share
     assert kineto_ahead.start(folder / "rank0.json") is not None  # one file
     kineto_ahead.stop()
     assert kineto_ahead.current() is None

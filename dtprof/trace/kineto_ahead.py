@@ -8,7 +8,8 @@ native reader (``kineto_scan.cpp``) meanwhile. The scan runs in C without the GI
 imports.
 
 The thread scans from the last file backwards, the order in which the importer's own process
-takes files; its worker processes take files from the first and never one scanned here
+takes files, and at most that process's share of them (the files over the CPUs): its worker
+processes take files from the first, and never one scanned here
 (:func:`dtprof.trace.importer.import_kineto`). Only the process that started the thread takes
 its results: a forked worker inherits the object, not the thread.
 """
@@ -224,7 +225,9 @@ def start(path: str | os.PathLike[str], even_if_cached: bool = False) -> ScanAhe
         if not library.is_file():
             return None  # the importer builds it, and reports a failed build
         stop()
-        _current = ScanAhead(open_library(library), files)
+        # only this process's share: the workers take the others, each beside it
+        share = -(-len(files) // min(len(files), os.cpu_count() or 1))
+        _current = ScanAhead(open_library(library), files[-share:])
     except (OSError, AttributeError):  # unreadable, or a library of another version
         return None
     return _current
