@@ -31,11 +31,17 @@ import pyarrow.parquet as pq
 from dtprof.errors import DtprofError
 from dtprof.trace import kineto_ahead, kineto_native
 from dtprof.trace.kineto import rank_from_name, read_kineto
-from dtprof.trace.kineto_ahead import KINETO_SUFFIXES, cache_path, cached, kineto_files, trace_files
+from dtprof.trace.kineto_ahead import (
+    KINETO_SUFFIXES,
+    cache_path,
+    cached,
+    has_rank_dirs,
+    kineto_files,
+    trace_files,
+)
 from dtprof.trace.kineto_map import SEQ_FROM, rank_meta, rank_tables
 from dtprof.trace.schema import (
     META_FILE,
-    RANK_DIR_PREFIX,
     SEALED_PREFIX,
     TABLES,
     rank_dir_name,
@@ -64,9 +70,8 @@ def trace_kind(path: str | os.PathLike[str]) -> str:
         raise DtprofError(
             f"{p}: not a directory (a dtprof trace is one; profiler traces end in .json[.gz])"
         )
-    with os.scandir(p) as entries:
-        if any(e.is_dir() and e.name.startswith(RANK_DIR_PREFIX) for e in entries):
-            return "dtprof"
+    if has_rank_dirs(p):
+        return "dtprof"
     if dump_files(p):
         return "flight"
     if kineto_files(p):

@@ -27,10 +27,9 @@ from pathlib import Path
 
 from dtprof import __version__
 from dtprof.cache import cache_root, native_root
-from dtprof.trace.versions import IMPORTER_VERSION, SCHEMA_VERSION
+from dtprof.trace.layout import IMPORTER_VERSION, RANK_DIR_PREFIX, SCHEMA_VERSION
 
 KINETO_SUFFIXES = (".json", ".json.gz")
-RANK_DIR_PREFIX = "rank="  # dtprof.trace.schema's, which imports pyarrow
 SOURCE = Path(__file__).with_name("kineto_scan.cpp")
 OFF_VALUES = {"0", "off", "no", "false"}
 
@@ -38,6 +37,12 @@ OFF_VALUES = {"0", "off", "no", "false"}
 def kineto_files(folder: Path) -> list[Path]:
     """The ``*.json`` / ``*.json.gz`` files directly in a folder, sorted by name."""
     return sorted(p for p in folder.iterdir() if p.is_file() and p.name.endswith(KINETO_SUFFIXES))
+
+
+def has_rank_dirs(folder: Path) -> bool:
+    """Whether a folder holds rank=NNNNN folders: a dtprof trace."""
+    with os.scandir(folder) as entries:
+        return any(e.is_dir() and e.name.startswith(RANK_DIR_PREFIX) for e in entries)
 
 
 def trace_files(path: Path) -> list[Path]:
@@ -214,10 +219,8 @@ def start(path: str | os.PathLike[str], even_if_cached: bool = False) -> ScanAhe
         p = Path(path)
         if off() or not p.exists():
             return None
-        if p.is_dir():
-            with os.scandir(p) as entries:
-                if any(e.is_dir() and e.name.startswith(RANK_DIR_PREFIX) for e in entries):
-                    return None  # a dtprof trace
+        if p.is_dir() and has_rank_dirs(p):
+            return None  # a dtprof trace
         files = trace_files(p) if p.is_dir() or p.name.endswith(KINETO_SUFFIXES) else []
         if not files or (not even_if_cached and cached(p) is not None):
             return None

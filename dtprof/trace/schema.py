@@ -20,11 +20,11 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from dtprof.trace.versions import SCHEMA_VERSION as SCHEMA_VERSION
+from dtprof.trace.layout import RANK_DIR_PREFIX as RANK_DIR_PREFIX
+from dtprof.trace.layout import SCHEMA_VERSION as SCHEMA_VERSION
 
 META_FILE = "meta.json"
 INFLIGHT_FILE = "inflight.json"
-RANK_DIR_PREFIX = "rank="
 SEALED_PREFIX = "part-"
 LIVE_PREFIX = "_live-"
 
