@@ -429,53 +429,45 @@ class Scanner {
     p_ += n;
   }
 
-  // An object's members: member(key) reads each value (p_ at it). Keys share key_scratch_, so
-  // a key is read before its value is.
-  template <typename Member>
-  void members(Member&& member) {
-    expect('{');
+  // The comma-separated items between open and close: item() reads each one (p_ at it).
+  template <typename Item>
+  void items(char open, char close, Item&& item) {
+    expect(open);
     ws();
-    if (peek() == '}') {
+    if (peek() == close) {
       ++p_;
       return;
     }
     while (true) {
+      item();
+      ws();
+      if (peek() == ',') {
+        ++p_;
+        ws();
+        continue;
+      }
+      expect(close);
+      return;
+    }
+  }
+
+  // An object's members: member(key) reads each value (p_ at it). Keys share key_scratch_, so
+  // a key is read before its value is.
+  template <typename Member>
+  void members(Member&& member) {
+    items('{', '}', [&] {
       std::string_view key = string(key_scratch_);
       ws();
       expect(':');
       ws();
       member(key);
-      ws();
-      if (peek() == ',') {
-        ++p_;
-        ws();
-        continue;
-      }
-      expect('}');
-      return;
-    }
+    });
   }
 
   // An array's elements: element() reads each one (p_ at it).
   template <typename Element>
   void elements(Element&& element) {
-    expect('[');
-    ws();
-    if (peek() == ']') {
-      ++p_;
-      return;
-    }
-    while (true) {
-      element();
-      ws();
-      if (peek() == ',') {
-        ++p_;
-        ws();
-        continue;
-      }
-      expect(']');
-      return;
-    }
+    items('[', ']', element);
   }
 
   void skip(int depth) {
