@@ -10,7 +10,8 @@
 3. Times, each in a fresh child process: HTA (import, construct ``TraceAnalysis``, temporal
    breakdown, communication/computation overlap); ``dtprof analyze`` cold (an empty cache) and
    warm (the cache the cold run left), ``--repeat`` times in turn. dtprof's native reader is
-   built first where it is missing (``DTPROF_NATIVE=0`` times the Python reader). CPU time is
+   built first where it is missing (``DTPROF_NATIVE=0`` times the Python reader), and its
+   bytecode compiled, as pip compiles an installed package's (HTA's included). CPU time is
    the user + system time of the child and all its descendants. Peak memory is the largest sum,
    over the child and all its descendants (both tools use worker processes), of resident memory
    (RSS: pages shared between them, the libraries and what a forked worker inherits, count once
@@ -22,6 +23,7 @@
 from __future__ import annotations
 
 import argparse
+import compileall
 import gzip
 import json
 import os
@@ -157,6 +159,9 @@ def main() -> None:
     from dtprof.trace import kineto_native
 
     library, why_not = kineto_native.load()  # built here (once) if it is not: not in a timed run
+    # both tools as pip installs them, bytecode compiled: pip compiled HTA's when it installed
+    # it; setup compiles dtprof's, and this catches sources changed since
+    compileall.compile_dir(ROOT / "dtprof", quiet=2)
     reader = "native" if library is not None else f"Python ({why_not})"
     with tempfile.TemporaryDirectory(prefix="vs_hta-") as tmp:
         folder = Path(args.keep) if args.keep else Path(tmp) / "traces"

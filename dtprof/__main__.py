@@ -1,3 +1,3 @@
-from dtprof.cli import main
+from dtprof.cli import run
 
-raise SystemExit(main())
+run()

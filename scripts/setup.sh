@@ -2,7 +2,7 @@
 # Create .venv with dtprof installed in it. Torch is installed only if the environment has none:
 # TORCH_SPEC (default torch==2.13.0) picks the build; users with their own torch keep it.
 # DTPROF_EXTRAS=test adds the test tools. pip's output goes to .venv/setup.log. Then the native
-# kernel is built (scripts/native.sh).
+# kernel is built (scripts/native.sh). The sources are compiled to bytecode, as pip would.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -27,5 +27,8 @@ fi
 extras=native${DTPROF_EXTRAS:+,$DTPROF_EXTRAS}
 echo "setup: installing dtprof[$extras] (editable)"
 pip_install -e ".[$extras]"
+# what pip does for a regular install: bytecode compiled once, not at every command's start
+# (where PYTHONDONTWRITEBYTECODE is set, Python would otherwise compile dtprof every time)
+python -m compileall -q dtprof dashboard >/dev/null
 python -c "import torch, dtprof; print(f'setup: dtprof {dtprof.__version__}, torch {torch.__version__}')"
 bash scripts/native.sh

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -503,6 +504,32 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "dtprof", "analyze", *args], capture_output=True, text=True
     )
+
+
+EXIT_PROBE = """
+import atexit, sys
+if sys.argv[1] == "traced":
+    sys.modules["coverage"] = type(sys)("coverage")  # as under `coverage run`
+atexit.register(lambda: print("torn down"))
+sys.argv = ["dtprof", "analyze", *sys.argv[2:]]
+from dtprof.cli import run
+run()
+"""
+
+
+def test_one_shot_commands_end_without_teardown_but_not_under_coverage(tmp_path: Path) -> None:
+    _ddp_like(tmp_path / "slow", {0: 20.0, 1: 26.0, 2: 20.0})
+    outputs = {}
+    buffered = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    for how in ("plain", "traced"):
+        cmd = [sys.executable, "-c", EXIT_PROBE, how, str(tmp_path / "slow")]
+        done = subprocess.run(cmd, capture_output=True, text=True, env=buffered)
+        assert done.returncode == 1, done.stderr
+        outputs[how] = done.stdout
+    # the report, a few lines held in a pipe's buffer, arrives whole before the process ends
+    assert "ERROR straggler (ranks 1" in outputs["plain"]
+    assert "torn down" not in outputs["plain"]
+    assert outputs["traced"].rstrip().endswith("torn down")
 
 
 def test_cli_formats_and_exit_codes(tmp_path: Path) -> None:
