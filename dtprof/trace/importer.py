@@ -15,6 +15,7 @@ files, so every rank's meta.json agrees.
 from __future__ import annotations
 
 import gc
+import multiprocessing
 import os
 import shutil
 import sys
@@ -208,9 +209,14 @@ def _run(
     (this one takes the next file whenever the workers are busy: one process fewer to hold).
 
     Workers take files from the first, this process from the last: the order in which files
-    scanned ahead during the imports (kineto_ahead) were scanned, and those stay here."""
+    scanned ahead during the imports (kineto_ahead) were scanned, and those stay here. Each
+    worker has a file waiting beside the one it converts, so that it goes on at once; when
+    this process runs out of files it takes back a waiting one no worker has started, rather
+    than idle until the workers are through (a file is claimed, by either side, under a lock).
+    """
     outs = [tmp / f"file-{i}" if tmp is not None else None for i in range(len(files))]
     queue = deque(enumerate(zip(files, fallbacks, outs, strict=True)))
+    jobs = dict(queue)
     extra = min(len(files), os.cpu_count() or 1) - 1
     started, total, read = time.monotonic(), sum(f.stat().st_size for f in files), 0
     done: dict[int, tuple[int, str, int, dict[str, Any], Any]] = {}
@@ -241,28 +247,65 @@ def _run(
             i, job = queue.pop()
             finished(i, _convert_one(*job, per_rank))
         return done
+    claims = multiprocessing.Array("b", len(files))  # 1: a process has the file
+
+    def take_back(running: dict[Future[Any], int]) -> tuple[int, Job] | None:
+        """A file handed to a worker that no worker has started, the last handed first."""
+        for i in reversed(running.values()):
+            if _claim(claims, i):
+                return i, jobs[i]
+        return None
+
     # A forked worker inherits this process's garbage: collected there, an object such as a
     # torch process group runs a destructor that waits for threads the worker does not have,
     # and the worker hangs. Objects frozen when a worker forks are never collected in it.
     gc.freeze()
     try:
-        with ProcessPoolExecutor(max_workers=extra) as pool:
+        with ProcessPoolExecutor(
+            max_workers=extra, initializer=_share_claims, initargs=(claims,)
+        ) as pool:
             running: dict[Future[Any], int] = {}
             while queue or running:
-                # one file waiting beside each worker's: a worker that finishes goes on at
-                # once, not when this process is done with the file it took meanwhile
                 while len(running) < 2 * extra and (next_job := for_worker()) is not None:
                     i, job = next_job
-                    running[pool.submit(_convert_one, *job, per_rank)] = i
-                if queue:
-                    i, job = queue.pop()
+                    running[pool.submit(_claimed, i, job, per_rank)] = i
+                mine = queue.pop() if queue else take_back(running)
+                if mine is not None:
+                    i, job = mine
                     finished(i, _convert_one(*job, per_rank))
-                ready, _ = wait(running, timeout=0 if queue else None, return_when=FIRST_COMPLETED)
+                timeout = 0 if mine is not None else None
+                ready, _ = wait(running, timeout=timeout, return_when=FIRST_COMPLETED)
                 for fut in ready:
-                    finished(running.pop(fut), fut.result())
+                    i, result = running.pop(fut), fut.result()
+                    if result is not None:  # None: taken back by this process
+                        finished(i, result)
     finally:
         gc.unfreeze()
     return done
+
+
+_claims: Any = None  # in a worker: the claims of _run's files, shared with the others
+
+
+def _share_claims(claims: Any) -> None:
+    global _claims
+    _claims = claims
+
+
+def _claim(claims: Any, i: int) -> bool:
+    """Take file i unless a process already has it."""
+    with claims.get_lock():
+        if claims[i]:
+            return False
+        claims[i] = 1
+        return True
+
+
+def _claimed(
+    i: int, job: Job, per_rank: PerRank | None
+) -> tuple[int, str, int, dict[str, Any], Any] | None:
+    """_convert_one in a worker, or None when the process that handed it out took it back."""
+    return _convert_one(*job, per_rank) if _claim(_claims, i) else None
 
 
 def _finish(
