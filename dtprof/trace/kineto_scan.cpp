@@ -191,7 +191,9 @@ class Scanner {
   char peek() const { return p_ < end_ ? *p_ : '\0'; }
 
   void ws() {
-    while (p_ < end_ && (*p_ == ' ' || *p_ == '\n' || *p_ == '\r' || *p_ == '\t')) ++p_;
+    const char* q = p_;
+    while (q < end_ && (*q == ' ' || *q == '\n' || *q == '\r' || *q == '\t')) ++q;
+    p_ = q;
   }
 
   void expect(char c) {
@@ -351,36 +353,49 @@ class Scanner {
   }
 
   // A JSON number (its grammar checked), p_ past it: integers exactly while they fit int64.
+  // The digits are read through a local pointer: a loop that advanced the member p_ would
+  // store it back at every digit.
   Num number_value() {
     Num n;
     n.present = true;
-    const char* start = p_;
-    bool negative = peek() == '-';
-    if (negative) ++p_;
+    const char* const start = p_;
+    const char* q = p_;
+    const char* const end = end_;
+    auto digit = [&] { return q < end && static_cast<unsigned char>(*q - '0') < 10; };
+    bool negative = q < end && *q == '-';
+    if (negative) ++q;
     uint64_t magnitude = 0;
-    const char* digits = p_;
-    if (peek() == '0') {
-      ++p_;
-    } else if (peek() >= '1' && peek() <= '9') {
-      while (p_ < end_ && *p_ >= '0' && *p_ <= '9') magnitude = magnitude * 10 + (*p_++ - '0');
+    const char* digits = q;
+    if (q < end && *q == '0') {
+      ++q;
+    } else if (digit()) {
+      while (digit()) magnitude = magnitude * 10 + static_cast<unsigned>(*q++ - '0');
     } else {
+      p_ = q;
       fail("invalid JSON");
     }
-    bool fits = p_ - digits <= 19;  // 19 digits never wrap a uint64
+    bool fits = q - digits <= 19;  // 19 digits never wrap a uint64
     n.integral = true;
-    if (peek() == '.') {
+    if (q < end && *q == '.') {
       n.integral = false;
-      ++p_;
-      if (!(peek() >= '0' && peek() <= '9')) fail("invalid number");
-      while (p_ < end_ && *p_ >= '0' && *p_ <= '9') ++p_;
+      ++q;
+      if (!digit()) {
+        p_ = q;
+        fail("invalid number");
+      }
+      while (digit()) ++q;
     }
-    if (peek() == 'e' || peek() == 'E') {
+    if (q < end && (*q == 'e' || *q == 'E')) {
       n.integral = false;
-      ++p_;
-      if (peek() == '+' || peek() == '-') ++p_;
-      if (!(peek() >= '0' && peek() <= '9')) fail("invalid number");
-      while (p_ < end_ && *p_ >= '0' && *p_ <= '9') ++p_;
+      ++q;
+      if (q < end && (*q == '+' || *q == '-')) ++q;
+      if (!digit()) {
+        p_ = q;
+        fail("invalid number");
+      }
+      while (digit()) ++q;
     }
+    p_ = q;
     constexpr uint64_t kMax = static_cast<uint64_t>(INT64_MAX);
     if (n.integral && fits && magnitude <= kMax + (negative ? 1 : 0)) {
       n.i = negative ? static_cast<int64_t>(0 - magnitude) : static_cast<int64_t>(magnitude);
