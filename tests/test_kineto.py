@@ -4,21 +4,20 @@ from __future__ import annotations
 
 import gzip
 import json
-import multiprocessing
 import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import dtprof
-from dtprof.analysis import analyze
+from dtprof.analysis import analyze, imported
+from dtprof.beside import run_beside as real_run_beside
 from dtprof.cli import main
-from dtprof.trace import importer, kineto_events
+from dtprof.trace import kineto_events
 from dtprof.trace.importer import trace_kind
 from dtprof.trace.kineto import read_kineto
 from dtprof.trace.kineto_ahead import cached
@@ -247,6 +246,28 @@ def test_what_streaming_cannot_cut_is_read_whole(
     assert refused == 0 if change == "all on one line" else refused > 0
 
 
+@pytest.mark.usefixtures("cache")
+def test_a_warm_look_summarizes_ranks_beside_this_process_alike(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = two_ranks(tmp_path / "k")
+    cold = analyze(folder).to_json()
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    here = analyze(folder).to_json()  # a small conversion: summarized in this process
+    beside: list[int] = []
+
+    def run_beside(fn: Any, items: list[Any], done: Any) -> None:
+        beside.append(len(items))
+        real_run_beside(fn, items, done)
+
+    monkeypatch.setattr(imported, "BESIDE_FROM_BYTES", 0)
+    monkeypatch.setattr(imported, "run_beside", run_beside)
+    warm = analyze(folder).to_json()
+    assert beside == [2]
+    for report in (here, warm):
+        assert report["summary"] == cold["summary"] and report["findings"] == cold["findings"]
+
+
 def test_cli_analyze_caches_and_convert_writes_a_dtprof_trace(
     tmp_path: Path, cache: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -403,40 +424,3 @@ def test_import_workers_never_collect_garbage_they_inherit(tmp_path: Path) -> No
         pytest.fail("the import hung: a worker collected garbage it inherited")
     assert proc.returncode == 0, out
     assert out.strip().splitlines()[-1] == "[0, 1]", out
-
-
-def _wait_for(path: Path) -> None:
-    deadline = time.monotonic() + 10
-    while not path.exists() and time.monotonic() < deadline:
-        time.sleep(0.01)
-
-
-@pytest.mark.skipif(
-    multiprocessing.get_start_method() != "fork", reason="the fake reaches workers by fork"
-)
-def test_a_file_waiting_for_a_busy_worker_is_taken_back(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The worker gets rank0 and rank1 (one waiting); this process, out of files, takes rank1
-    back while the worker is still on rank0, which holds on until rank1 is done."""
-    files = [tmp_path / f"rank{i}.json" for i in range(4)]
-    for f in files:
-        f.write_bytes(b"{}")
-
-    def convert(file: Path, fallback: tuple[int, str], out: Any, per_rank: Any) -> Any:
-        if file.name == "rank0.json":
-            (tmp_path / "worker-started").touch()
-            _wait_for(tmp_path / "rank1.json.done")
-        if file.name == "rank3.json":  # this process's first: the worker holds rank0 by then
-            _wait_for(tmp_path / "worker-started")
-        (tmp_path / f"{file.name}.done").touch()
-        return fallback[0], fallback[1], 4, {}, (os.getpid(), file.name)
-
-    monkeypatch.setattr(os, "cpu_count", lambda: 2)  # one worker beside this process
-    monkeypatch.setattr(importer, "_convert_one", convert)
-    done = importer._run(files, importer._fallback_ranks(files), None, None, progress=False)
-    by = {name: pid for *_, (pid, name) in done.values()}
-    here = os.getpid()
-    assert sorted(by) == [f.name for f in files]
-    assert by["rank0.json"] != here
-    assert by["rank1.json"] == by["rank2.json"] == by["rank3.json"] == here

@@ -15,20 +15,18 @@ files, so every rank's meta.json agrees.
 from __future__ import annotations
 
 import gc
-import multiprocessing
 import os
 import shutil
 import sys
 import time
-from collections import deque
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from dtprof.beside import run_beside
 from dtprof.errors import DtprofError
 from dtprof.trace import kineto_ahead, kineto_native
 from dtprof.trace.kineto import rank_from_name, read_kineto
@@ -50,7 +48,6 @@ from dtprof.trace.schema import (
 
 PROGRESS_AFTER_S = 1.0
 
-Job = tuple[Path, tuple[int, str], Path | None]  # file, fallback rank, where to write it
 PerRank = Callable[[dict[str, Any], dict[str, pa.Table]], Any]
 Mapper = Callable[[Callable[[Any], Any], list[Any]], list[Any]]  # fn over items, in order
 
@@ -206,18 +203,12 @@ def _run(
     progress: bool,
 ) -> dict[int, tuple[int, str, int, dict[str, Any], Any]]:
     """Convert every file: in this process and, with more CPUs, in worker processes beside it
-    (this one takes the next file whenever the workers are busy: one process fewer to hold).
+    (dtprof.beside: this one takes files from the last, the workers from the first).
 
-    Workers take files from the first, this process from the last: the order in which files
-    scanned ahead during the imports (kineto_ahead) were scanned, and those stay here. Each
-    worker has a file waiting beside the one it converts, so that it goes on at once; when
-    this process runs out of files it takes back a waiting one no worker has started, rather
-    than idle until the workers are through (a file is claimed, by either side, under a lock).
-    """
+    That is the order in which files scanned ahead during the imports (kineto_ahead) were
+    scanned, and those stay with this process: a worker is never handed one."""
     outs = [tmp / f"file-{i}" if tmp is not None else None for i in range(len(files))]
-    queue = deque(enumerate(zip(files, fallbacks, outs, strict=True)))
-    jobs = dict(queue)
-    extra = min(len(files), os.cpu_count() or 1) - 1
+    jobs = [(f, fb, out, per_rank) for f, fb, out in zip(files, fallbacks, outs, strict=True)]
     started, total, read = time.monotonic(), sum(f.stat().st_size for f in files), 0
     done: dict[int, tuple[int, str, int, dict[str, Any], Any]] = {}
     ahead = kineto_ahead.current()
@@ -234,78 +225,12 @@ def _run(
                 flush=True,
             )
 
-    def for_worker() -> tuple[int, Job] | None:
-        """The first file waiting that was not scanned ahead, kept from the scan-ahead."""
-        for k, (i, job) in enumerate(queue):
-            if ahead is None or ahead.reserve(job[0]):
-                del queue[k]
-                return i, job
-        return None
+    def scanned_here(i: int) -> bool:
+        """Whether a file was (or is being) scanned ahead; if not, it is kept from the scan."""
+        return ahead is not None and not ahead.reserve(files[i])
 
-    if extra <= 0:
-        while queue:
-            i, job = queue.pop()
-            finished(i, _convert_one(*job, per_rank))
-        return done
-    claims = multiprocessing.Array("b", len(files))  # 1: a process has the file
-
-    def take_back(running: dict[Future[Any], int]) -> tuple[int, Job] | None:
-        """A file handed to a worker that no worker has started, the last handed first."""
-        for i in reversed(running.values()):
-            if _claim(claims, i):
-                return i, jobs[i]
-        return None
-
-    # A forked worker inherits this process's garbage: collected there, an object such as a
-    # torch process group runs a destructor that waits for threads the worker does not have,
-    # and the worker hangs. Objects frozen when a worker forks are never collected in it.
-    gc.freeze()
-    try:
-        with ProcessPoolExecutor(
-            max_workers=extra, initializer=_share_claims, initargs=(claims,)
-        ) as pool:
-            running: dict[Future[Any], int] = {}
-            while queue or running:
-                while len(running) < 2 * extra and (next_job := for_worker()) is not None:
-                    i, job = next_job
-                    running[pool.submit(_claimed, i, job, per_rank)] = i
-                mine = queue.pop() if queue else take_back(running)
-                if mine is not None:
-                    i, job = mine
-                    finished(i, _convert_one(*job, per_rank))
-                timeout = 0 if mine is not None else None
-                ready, _ = wait(running, timeout=timeout, return_when=FIRST_COMPLETED)
-                for fut in ready:
-                    i, result = running.pop(fut), fut.result()
-                    if result is not None:  # None: taken back by this process
-                        finished(i, result)
-    finally:
-        gc.unfreeze()
+    run_beside(_convert_job, jobs, finished, keep=scanned_here)
     return done
-
-
-_claims: Any = None  # in a worker: the claims of _run's files, shared with the others
-
-
-def _share_claims(claims: Any) -> None:
-    global _claims
-    _claims = claims
-
-
-def _claim(claims: Any, i: int) -> bool:
-    """Take file i unless a process already has it."""
-    with claims.get_lock():
-        if claims[i]:
-            return False
-        claims[i] = 1
-        return True
-
-
-def _claimed(
-    i: int, job: Job, per_rank: PerRank | None
-) -> tuple[int, str, int, dict[str, Any], Any] | None:
-    """_convert_one in a worker, or None when the process that handed it out took it back."""
-    return _convert_one(*job, per_rank) if _claim(_claims, i) else None
 
 
 def _finish(
