@@ -16,7 +16,10 @@ import os
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar
+
+from dtprof.errors import DtprofError
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -33,12 +36,14 @@ def run_beside(
     done: Callable[[int, R], None],
     *,
     keep: Callable[[int], bool] | None = None,
+    name: Callable[[int], str] = lambda i: f"item {i}",
 ) -> None:
     """``done(i, fn(items[i]))`` for every item, in this process, in the order results come.
 
     ``fn`` must be a module-level function (workers get it by pickling); ``keep(i)`` True: an
     item only this process runs (asked when it would go to a worker). An exception in ``fn``
-    comes out here, the first one raised.
+    comes out here, the first one raised; a worker that dies (the kernel's OOM killer, a
+    signal) is a DtprofError naming its item by ``name(i)``.
     """
     queue = deque(range(len(items)))
     extra = workers_for(len(items))
@@ -56,11 +61,22 @@ def run_beside(
                 return i
         return None
 
+    taken: set[int] = set()  # items taken back from the workers
+
     def take_back(running: dict[Future[Any], int]) -> int | None:
         for i in reversed(running.values()):  # the last handed out is the likeliest waiting
             if _claim(claims, i):
+                taken.add(i)
                 return i
         return None
+
+    def died(i: int, running: dict[Future[Any], int]) -> DtprofError:
+        # every future of a broken pool fails: blame an item a worker had started
+        started = [j for j in (i, *running.values()) if claims[j] and j not in taken]
+        return DtprofError(
+            f"{name(started[0] if started else i)}: a worker process died while reading it "
+            "(killed, perhaps for lack of memory)"
+        )
 
     # A forked worker inherits this process's garbage: collected there, an object such as a
     # torch process group runs a destructor that waits for threads the worker does not have,
@@ -78,7 +94,11 @@ def run_beside(
                 timeout = 0 if mine is not None else None
                 ready, _ = wait(running, timeout=timeout, return_when=FIRST_COMPLETED)
                 for fut in ready:
-                    i, (ran, result) = running.pop(fut), fut.result()
+                    i = running.pop(fut)
+                    try:
+                        ran, result = fut.result()
+                    except BrokenProcessPool:
+                        raise died(i, running) from None
                     if ran:  # else taken back by this process
                         done(i, result)
     finally:

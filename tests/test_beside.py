@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Any
 import pytest
 
 from dtprof import beside
+from dtprof.errors import DtprofError
 
 
 def _wait_for(path: Path) -> None:
@@ -77,3 +79,22 @@ def test_one_cpu_runs_everything_here_from_the_last(monkeypatch: pytest.MonkeyPa
     beside.run_beside(_pid, list(range(4)), lambda i, _: order.append(i))
     assert order == [3, 2, 1, 0]
     assert beside.workers_for(8) == 0
+
+
+def _die_in_a_worker(item: tuple[Path, int, int]) -> int:
+    """Item 0 kills the worker that runs it; item 1, here, waits until that has begun."""
+    folder, i, parent = item
+    if i == 0 and os.getpid() != parent:
+        (folder / "worker-started").touch()
+        os.kill(os.getpid(), signal.SIGKILL)
+    if i == 1:
+        _wait_for(folder / "worker-started")
+    return i
+
+
+@pytest.mark.usefixtures("two_cpus")
+def test_a_worker_that_dies_is_one_error_naming_its_item(tmp_path: Path) -> None:
+    items = [(tmp_path, i, os.getpid()) for i in range(2)]
+    names = ["first.json", "second.json"]  # the second, taken back, is read here
+    with pytest.raises(DtprofError, match=r"^first\.json: a worker process died while reading"):
+        beside.run_beside(_die_in_a_worker, items, lambda i, r: None, name=names.__getitem__)

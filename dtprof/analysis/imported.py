@@ -79,5 +79,5 @@ def _summarize_cached(folders: list[Path]) -> list[RankSummary]:
     if size < BESIDE_FROM_BYTES:
         return [summarize_rank(d) for d in folders]
     summaries: dict[int, RankSummary] = {}
-    run_beside(summarize_rank, folders, summaries.__setitem__)
+    run_beside(summarize_rank, folders, summaries.__setitem__, name=lambda i: str(folders[i]))
     return [summaries[i] for i in range(len(folders))]

@@ -229,7 +229,7 @@ def _run(
         """Whether a file was (or is being) scanned ahead; if not, it is kept from the scan."""
         return ahead is not None and not ahead.reserve(files[i])
 
-    run_beside(_convert_job, jobs, finished, keep=scanned_here)
+    run_beside(_convert_job, jobs, finished, keep=scanned_here, name=lambda i: str(files[i]))
     return done
 
 
