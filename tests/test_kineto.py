@@ -256,9 +256,9 @@ def test_a_warm_look_summarizes_ranks_beside_this_process_alike(
     here = analyze(folder).to_json()  # a small conversion: summarized in this process
     beside: list[int] = []
 
-    def run_beside(fn: Any, items: list[Any], done: Any) -> None:
+    def run_beside(fn: Any, items: list[Any], done: Any, **kw: Any) -> None:
         beside.append(len(items))
-        real_run_beside(fn, items, done)
+        real_run_beside(fn, items, done, **kw)
 
     monkeypatch.setattr(imported, "BESIDE_FROM_BYTES", 0)
     monkeypatch.setattr(imported, "run_beside", run_beside)
