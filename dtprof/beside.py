@@ -11,15 +11,15 @@ under one shared lock) rather than wait for the workers to get through what they
 from __future__ import annotations
 
 import gc
-import multiprocessing
 import os
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from concurrent.futures.process import BrokenProcessPool
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from dtprof.errors import DtprofError
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -52,6 +52,11 @@ def run_beside(
             i = queue.pop()
             done(i, fn(items[i]))
         return
+    # imported here: the scan ahead imports this module for workers_for, before anything heavy
+    import multiprocessing
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+    from concurrent.futures.process import BrokenProcessPool
+
     claims = multiprocessing.Array("b", len(items))  # 1: a process has the item
 
     def for_worker() -> int | None:

@@ -26,6 +26,7 @@ import threading
 from pathlib import Path
 
 from dtprof import __version__
+from dtprof.beside import workers_for
 from dtprof.cache import cache_root, native_root
 from dtprof.trace.layout import IMPORTER_VERSION, RANK_DIR_PREFIX, SCHEMA_VERSION
 
@@ -228,8 +229,8 @@ def start(path: str | os.PathLike[str], even_if_cached: bool = False) -> ScanAhe
         if not library.is_file():
             return None  # the importer builds it, and reports a failed build
         stop()
-        # only this process's share: the workers take the others, each beside it
-        share = -(-len(files) // min(len(files), os.cpu_count() or 1))
+        # only this process's share: the workers beside it (dtprof.beside) take the others
+        share = -(-len(files) // (workers_for(len(files)) + 1))
         _current = ScanAhead(open_library(library), files[-share:])
     except (OSError, AttributeError):  # unreadable, or a library of another version
         return None
