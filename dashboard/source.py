@@ -150,7 +150,8 @@ class LiveSource:
             (r, str(self.follower.ranks[r].folder), self.meta[r], self.inflight.get(r, []))
             for r in ranks
         ]
-        for (rank, *_), (held, cursors, nbytes) in zip(jobs, map_ranks(fresh, jobs), strict=True):
+        read = map_ranks(fresh, jobs, name=lambda job: job[1])  # named by the rank's folder
+        for (rank, *_), (held, cursors, nbytes) in zip(jobs, read, strict=True):
             self.follower.adopt(rank, cursors, nbytes)
             old = self.held.get(rank)
             self.held[rank] = replace(held, version=old.version + 1) if old else held

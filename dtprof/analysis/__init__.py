@@ -7,6 +7,7 @@ import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -102,7 +103,7 @@ def _summarize(folders: list[Path], progress: bool) -> list[RankSummary | RunSum
     if len(folders) < PROCESSES_FROM or (os.cpu_count() or 1) < 2:
         return list(map_ranks(summarize_rank, folders, progress))
     batches = [folders[i : i + RANKS_PER_TASK] for i in range(0, len(folders), RANKS_PER_TASK)]
-    return list(map_ranks(summarize_ranks, batches, progress, count=len))
+    return list(map_ranks(summarize_ranks, batches, progress, count=len, name=lambda b: b[0]))
 
 
 def map_ranks(
@@ -110,28 +111,40 @@ def map_ranks(
     folders: list[Any],
     progress: bool = False,
     count: Callable[[Any], int] | None = None,
+    name: Callable[[Any], str] = str,
 ) -> list[T]:
     """fn on each rank's item (a folder, or what fn takes), in order: in threads for a few
     ranks, in processes for many (fn must then be a module-level function). ``count`` says
-    how many ranks an item holds (default 1), for the progress line."""
+    how many ranks an item holds (default 1), for the progress line; ``name`` names an item in
+    the error when a worker process dies (the kernel's OOM killer, a signal)."""
     cpus = os.cpu_count() or 1
+    sizes = [count(f) if count else 1 for f in folders]
+    total, done, shown = sum(sizes), 0, 0
     pool: Executor
-    if len(folders) >= PROCESSES_FROM and cpus > 1:
-        pool, chunk = ProcessPoolExecutor(max_workers=cpus), 4
+    if total >= PROCESSES_FROM and cpus > 1:  # ranks, not items: an item may hold a batch
+        workers = min(cpus, len(folders))
+        # items in chunks of up to 4, but never so few chunks that a worker has none
+        pool, chunk = ProcessPoolExecutor(workers), max(1, min(4, len(folders) // (2 * workers)))
     else:
         pool, chunk = ThreadPoolExecutor(max_workers=min(8, cpus * 2)), 1
     started = time.monotonic()
-    sizes = [count(f) if count else 1 for f in folders]
-    total, done, shown = sum(sizes), 0, 0
-    summaries = []
-    with pool:
-        for size, summary in zip(sizes, pool.map(fn, folders, chunksize=chunk), strict=True):
-            summaries.append(summary)
-            done += size
-            late = time.monotonic() - started > PROGRESS_AFTER_S
-            if progress and late and (done - shown >= 64 or done == total):
-                print(f"dtprof: read {done}/{total} ranks", file=sys.stderr, flush=True)
-                shown = done
+    summaries: list[T] = []
+    try:
+        with pool:
+            for size, summary in zip(sizes, pool.map(fn, folders, chunksize=chunk), strict=True):
+                summaries.append(summary)
+                done += size
+                late = time.monotonic() - started > PROGRESS_AFTER_S
+                if progress and late and (done - shown >= 64 or done == total):
+                    print(f"dtprof: read {done}/{total} ranks", file=sys.stderr, flush=True)
+                    shown = done
+    except BrokenProcessPool:
+        # the pool fails every item not finished: the dead worker's is the first of them or one
+        # after it, and map() hands results in order, so that is as near as it can name it
+        raise DtprofError(
+            f"{name(folders[len(summaries)])}: a worker process died while reading this rank "
+            "or one after it (killed, perhaps for lack of memory)"
+        ) from None
     return summaries
 
 
