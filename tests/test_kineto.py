@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import dtprof
-from dtprof.analysis import analyze, imported
+from dtprof.analysis import analyze, summarize
 from dtprof.beside import run_beside as real_run_beside
 from dtprof.cli import main
 from dtprof.trace import kineto_events
@@ -260,8 +260,8 @@ def test_a_warm_look_summarizes_ranks_beside_this_process_alike(
         beside.append(len(items))
         real_run_beside(fn, items, done, **kw)
 
-    monkeypatch.setattr(imported, "BESIDE_FROM_BYTES", 0)
-    monkeypatch.setattr(imported, "run_beside", run_beside)
+    monkeypatch.setattr(summarize, "BESIDE_FROM_BYTES", 0)
+    monkeypatch.setattr(summarize, "run_beside", run_beside)
     warm = analyze(folder).to_json()
     assert beside == [2]
     for report in (here, warm):

@@ -1,15 +1,21 @@
-"""Ranks summarized in threads for a few, in worker processes for many (analysis.map_ranks)."""
+"""How a trace's ranks are summarized: beside this process for a few (summarize_folders), in a
+process pool for many (analysis.map_ranks)."""
 
 from __future__ import annotations
 
 import os
 import re
 import signal
+from pathlib import Path
+from typing import Any
 
 import pytest
 
-from dtprof.analysis import PROCESSES_FROM, map_ranks
+from dtprof.analysis import PROCESSES_FROM, analyze, map_ranks, summarize
+from dtprof.beside import run_beside as real_run_beside
 from dtprof.errors import DtprofError
+
+SAMPLES = Path(__file__).resolve().parents[1] / "sample_traces"
 
 
 def _pid(item: object) -> tuple[int, object]:
@@ -53,3 +59,23 @@ def test_a_worker_that_dies_is_one_error_naming_where_it_was() -> None:
     )
     assert found, message
     assert found.group(1) <= "rank=00005"  # the dead worker's rank, or one before it
+
+
+@pytest.mark.usefixtures("two_cpus")
+def test_a_few_ranks_holding_enough_are_summarized_beside_with_the_same_report(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    trace = SAMPLES / "straggler-ddp"
+    here = analyze(trace).to_json()  # a small trace: summarized in this process
+    beside: list[int] = []
+
+    def run_beside(fn: Any, items: list[Any], done: Any, **kw: Any) -> None:
+        beside.append(len(items))
+        real_run_beside(fn, items, done, **kw)
+
+    monkeypatch.setattr(summarize, "BESIDE_FROM_BYTES", 0)
+    monkeypatch.setattr(summarize, "run_beside", run_beside)
+    there = analyze(trace).to_json()
+    assert beside == [4]
+    assert there["summary"] == here["summary"] and there["findings"] == here["findings"]
+    assert any(f["code"] == "straggler" for f in there["findings"])

@@ -23,7 +23,7 @@ from dtprof.analysis.summarize import (
     RunSummary,
     combine,
     ranks_without_trace,
-    summarize_rank,
+    summarize_folders,
     summarize_ranks,
 )
 from dtprof.errors import DtprofError
@@ -98,10 +98,10 @@ RANKS_PER_TASK = 16  # with processes: ranks summarized and combined by one task
 
 
 def _summarize(folders: list[Path], progress: bool) -> list[RankSummary | RunSummary]:
-    """summarize_rank on every rank folder: in threads for a few; for many, in processes, a
-    batch of ranks per task combined there."""
+    """summarize_rank on every rank folder: for a few, in this process and beside it; for
+    many, in a process pool, a batch of ranks per task combined there."""
     if len(folders) < PROCESSES_FROM or (os.cpu_count() or 1) < 2:
-        return list(map_ranks(summarize_rank, folders, progress))
+        return list(summarize_folders(folders, _Progress(len(folders), progress).add))
     batches = [folders[i : i + RANKS_PER_TASK] for i in range(0, len(folders), RANKS_PER_TASK)]
     return list(map_ranks(summarize_ranks, batches, progress, count=len, name=lambda b: b[0]))
 
@@ -119,7 +119,7 @@ def map_ranks(
     the error when a worker process dies (the kernel's OOM killer, a signal)."""
     cpus = os.cpu_count() or 1
     sizes = [count(f) if count else 1 for f in folders]
-    total, done, shown = sum(sizes), 0, 0
+    total = sum(sizes)
     pool: Executor
     if total >= PROCESSES_FROM and cpus > 1:  # ranks, not items: an item may hold a batch
         workers = min(cpus, len(folders))
@@ -127,17 +127,13 @@ def map_ranks(
         pool, chunk = ProcessPoolExecutor(workers), max(1, min(4, len(folders) // (2 * workers)))
     else:
         pool, chunk = ThreadPoolExecutor(max_workers=min(8, cpus * 2)), 1
-    started = time.monotonic()
+    shown = _Progress(total, progress)
     summaries: list[T] = []
     try:
         with pool:
             for size, summary in zip(sizes, pool.map(fn, folders, chunksize=chunk), strict=True):
                 summaries.append(summary)
-                done += size
-                late = time.monotonic() - started > PROGRESS_AFTER_S
-                if progress and late and (done - shown >= 64 or done == total):
-                    print(f"dtprof: read {done}/{total} ranks", file=sys.stderr, flush=True)
-                    shown = done
+                shown.add(size)
     except BrokenProcessPool:
         # the pool fails every item not finished: the dead worker's is the first of them or one
         # after it, and map() hands results in order, so that is as near as it can name it
@@ -146,6 +142,21 @@ def map_ranks(
             "or one after it (killed, perhaps for lack of memory)"
         ) from None
     return summaries
+
+
+class _Progress:
+    """``dtprof: read N/M ranks`` on stderr once loading is slow: every 64 ranks, and the last."""
+
+    def __init__(self, total: int, on: bool) -> None:
+        self.total, self.on = total, on
+        self.started, self.done, self.shown = time.monotonic(), 0, 0
+
+    def add(self, ranks: int = 1) -> None:
+        self.done += ranks
+        late = time.monotonic() - self.started > PROGRESS_AFTER_S
+        if self.on and late and (self.done - self.shown >= 64 or self.done == self.total):
+            print(f"dtprof: read {self.done}/{self.total} ranks", file=sys.stderr, flush=True)
+            self.shown = self.done
 
 
 def _window(run: RunSummary, steps: tuple[int | None, int | None] | None) -> RunSummary:

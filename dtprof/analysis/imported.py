@@ -8,8 +8,12 @@ from typing import Any
 
 import pyarrow as pa
 
-from dtprof.analysis.summarize import RankSummary, summarize_frames, summarize_rank
-from dtprof.beside import run_beside
+from dtprof.analysis.summarize import (
+    RankSummary,
+    summarize_folders,
+    summarize_frames,
+    summarize_rank,
+)
 from dtprof.trace.importer import import_kineto, resolve, trace_kind
 from dtprof.trace.kineto_ahead import cache_path, cached
 from dtprof.trace.reader import find_rank_dirs
@@ -55,7 +59,7 @@ def summarize_imported(
         return [summary for _, summary in results]
     hit = cached(root)
     if hit is not None:
-        return _summarize_cached([d for _, d in find_rank_dirs(hit)])
+        return summarize_folders([d for _, d in find_rank_dirs(hit)])
     target: Path | None = cache_path(root)
     try:
         assert target is not None
@@ -64,20 +68,3 @@ def summarize_imported(
         target = None  # no cache: analyse anyway
     results = import_kineto(root, target, progress=progress, per_rank=summarize_tables)
     return [summary for _, summary in results]
-
-
-BESIDE_FROM_BYTES = 1 << 20  # of cached Parquet: below that, one process is quicker than two
-
-
-def _summarize_cached(folders: list[Path]) -> list[RankSummary]:
-    """summarize_rank on each rank of a cached conversion, in rank order.
-
-    Each imported rank is heavy (a profiler trace's 54 MB gives 22,000 kernels, 50-70 ms to
-    summarize) and the work holds the GIL, so threads would take turns: it runs in this process
-    and in worker processes beside it (dtprof.beside), unless the conversion is small."""
-    size = sum(f.stat().st_size for d in folders for f in d.glob("*/*.parquet"))
-    if size < BESIDE_FROM_BYTES:
-        return [summarize_rank(d) for d in folders]
-    summaries: dict[int, RankSummary] = {}
-    run_beside(summarize_rank, folders, summaries.__setitem__, name=lambda i: str(folders[i]))
-    return [summaries[i] for i in range(len(folders))]

@@ -6,7 +6,8 @@ everything after it works on these small tables only.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
@@ -19,6 +20,7 @@ import pyarrow.compute as pc
 
 from dtprof.analysis.gpu import GPU_PHASE, compute_phases, gpu_figures
 from dtprof.analysis.matching import GroupMatrix, match
+from dtprof.beside import run_beside
 from dtprof.errors import DtprofError
 from dtprof.trace.reader import (
     ClockParams,
@@ -82,6 +84,43 @@ def summarize_rank(folder: str | Path) -> RankSummary:
     """Read one ``rank=NNNNN`` folder and reduce it to per-step tables."""
     folder = Path(folder)
     return summarize_frames(read_rank_meta(folder), folder, read_inflight(folder))
+
+
+BESIDE_FROM_BYTES = 1 << 20  # of the ranks' table files: below that, one process is quicker
+
+
+def summarize_folders(
+    folders: Sequence[Path], each: Callable[[], None] = lambda: None
+) -> list[RankSummary]:
+    """summarize_rank on each rank folder, in order, calling ``each()`` here after each: in this
+    process and in worker processes beside it (dtprof.beside), unless the folders hold little.
+
+    Summarizing holds the GIL, so threads would take turns: on a 2-CPU machine they were
+    slower than one thread (8 ranks x 500 steps: 1.1 s in threads, 0.8 s beside)."""
+    if len(folders) < 2 or sum(map(_table_bytes, folders)) < BESIDE_FROM_BYTES:
+        return [_then(summarize_rank(d), each) for d in folders]
+    summaries: dict[int, RankSummary] = {}
+
+    def done(i: int, summary: RankSummary) -> None:
+        summaries[i] = summary
+        each()
+
+    run_beside(summarize_rank, list(folders), done, name=lambda i: str(folders[i]))
+    return [summaries[i] for i in range(len(folders))]
+
+
+def _then(summary: RankSummary, each: Callable[[], None]) -> RankSummary:
+    each()
+    return summary
+
+
+def _table_bytes(folder: Path) -> int:
+    """The bytes of a rank folder's table files (a live job may seal or remove some meanwhile)."""
+    total = 0
+    for f in Path(folder).glob("*/*"):
+        with contextlib.suppress(OSError):
+            total += f.stat().st_size
+    return total
 
 
 def summarize_frames(
