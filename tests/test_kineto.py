@@ -8,14 +8,14 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import dtprof
-from dtprof.analysis import analyze, summarize
-from dtprof.beside import run_beside as real_run_beside
+from dtprof.analysis import analyze
 from dtprof.cli import main
 from dtprof.trace import kineto_events
 from dtprof.trace.importer import trace_kind
@@ -248,20 +248,13 @@ def test_what_streaming_cannot_cut_is_read_whole(
 
 @pytest.mark.usefixtures("cache")
 def test_a_warm_look_summarizes_ranks_beside_this_process_alike(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, summarize_beside: Callable[[], list[int]]
 ) -> None:
     folder = two_ranks(tmp_path / "k")
     cold = analyze(folder).to_json()
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     here = analyze(folder).to_json()  # a small conversion: summarized in this process
-    beside: list[int] = []
-
-    def run_beside(fn: Any, items: list[Any], done: Any, **kw: Any) -> None:
-        beside.append(len(items))
-        real_run_beside(fn, items, done, **kw)
-
-    monkeypatch.setattr(summarize, "BESIDE_FROM_BYTES", 0)
-    monkeypatch.setattr(summarize, "run_beside", run_beside)
+    beside = summarize_beside()
     warm = analyze(folder).to_json()
     assert beside == [2]
     for report in (here, warm):

@@ -6,13 +6,12 @@ from __future__ import annotations
 import os
 import re
 import signal
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from dtprof.analysis import PROCESSES_FROM, analyze, map_ranks, summarize
-from dtprof.beside import run_beside as real_run_beside
+from dtprof.analysis import PROCESSES_FROM, analyze, map_ranks
 from dtprof.errors import DtprofError
 
 SAMPLES = Path(__file__).resolve().parents[1] / "sample_traces"
@@ -63,18 +62,11 @@ def test_a_worker_that_dies_is_one_error_naming_where_it_was() -> None:
 
 @pytest.mark.usefixtures("two_cpus")
 def test_a_few_ranks_holding_enough_are_summarized_beside_with_the_same_report(
-    monkeypatch: pytest.MonkeyPatch,
+    summarize_beside: Callable[[], list[int]],
 ) -> None:
     trace = SAMPLES / "straggler-ddp"
     here = analyze(trace).to_json()  # a small trace: summarized in this process
-    beside: list[int] = []
-
-    def run_beside(fn: Any, items: list[Any], done: Any, **kw: Any) -> None:
-        beside.append(len(items))
-        real_run_beside(fn, items, done, **kw)
-
-    monkeypatch.setattr(summarize, "BESIDE_FROM_BYTES", 0)
-    monkeypatch.setattr(summarize, "run_beside", run_beside)
+    beside = summarize_beside()
     there = analyze(trace).to_json()
     assert beside == [4]
     assert there["summary"] == here["summary"] and there["findings"] == here["findings"]
