@@ -248,11 +248,11 @@ def _lean_arrow_allocator(source: str | None) -> None:
         return
     if sys.platform != "linux" or platform.machine() != "x86_64":
         return
+    from dtprof.trace.layout import has_rank_dirs  # imports only os
+
     try:
-        if os.path.isdir(source):
-            with os.scandir(source) as entries:
-                if any(e.name.startswith("rank=") for e in entries):
-                    return  # a dtprof trace
+        if os.path.isdir(source) and has_rank_dirs(source):
+            return  # a dtprof trace
     except OSError:
         return  # the command says what is wrong with the path
     os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "jemalloc")

@@ -34,11 +34,11 @@ from dtprof.trace.kineto_ahead import (
     KINETO_SUFFIXES,
     cache_path,
     cached,
-    has_rank_dirs,
     kineto_files,
     trace_files,
 )
 from dtprof.trace.kineto_map import SEQ_FROM, rank_meta, rank_tables
+from dtprof.trace.layout import has_rank_dirs
 from dtprof.trace.schema import (
     META_FILE,
     SEALED_PREFIX,

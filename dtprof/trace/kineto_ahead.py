@@ -28,7 +28,7 @@ from pathlib import Path
 from dtprof import __version__
 from dtprof.beside import workers_for
 from dtprof.cache import cache_root, native_root
-from dtprof.trace.layout import IMPORTER_VERSION, RANK_DIR_PREFIX, SCHEMA_VERSION
+from dtprof.trace.layout import IMPORTER_VERSION, SCHEMA_VERSION, has_rank_dirs
 
 KINETO_SUFFIXES = (".json", ".json.gz")
 SOURCE = Path(__file__).with_name("kineto_scan.cpp")
@@ -38,12 +38,6 @@ OFF_VALUES = {"0", "off", "no", "false"}
 def kineto_files(folder: Path) -> list[Path]:
     """The ``*.json`` / ``*.json.gz`` files directly in a folder, sorted by name."""
     return sorted(p for p in folder.iterdir() if p.is_file() and p.name.endswith(KINETO_SUFFIXES))
-
-
-def has_rank_dirs(folder: Path) -> bool:
-    """Whether a folder holds rank=NNNNN folders: a dtprof trace."""
-    with os.scandir(folder) as entries:
-        return any(e.is_dir() and e.name.startswith(RANK_DIR_PREFIX) for e in entries)
 
 
 def trace_files(path: Path) -> list[Path]:

@@ -1,7 +1,15 @@
-"""Names and version numbers of what dtprof writes, in a module that imports nothing."""
+"""Names and version numbers of what dtprof writes, in a module that imports only os."""
 
 from __future__ import annotations
+
+import os
 
 RANK_DIR_PREFIX = "rank="  # a trace directory holds one rank=NNNNN folder per rank
 SCHEMA_VERSION = 1  # the trace directory's layout (docs/trace-format.md, Schema version)
 IMPORTER_VERSION = 3  # bump when the profiler-trace mapping changes: cached conversions are redone
+
+
+def has_rank_dirs(folder: str | os.PathLike[str]) -> bool:
+    """Whether a folder holds rank=NNNNN folders: a dtprof trace."""
+    with os.scandir(folder) as entries:
+        return any(e.is_dir() and e.name.startswith(RANK_DIR_PREFIX) for e in entries)
