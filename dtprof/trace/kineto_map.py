@@ -51,13 +51,17 @@ DTYPE_BYTES = {
 }  # fmt: skip
 
 
+def _matches(names: pa.Array, pattern: str) -> np.ndarray:
+    """Whether each name matches the regex."""
+    return np.asarray(pc.match_substring_regex(names, pattern).to_numpy(zero_copy_only=False))
+
+
 def _regex(names: pa.Array, pattern: str) -> np.ndarray:
     """Whether each name matches: the regex runs once per distinct name (a trace repeats few)."""
     if names.null_count or len(names) < 64:
-        return np.asarray(pc.match_substring_regex(names, pattern).to_numpy(zero_copy_only=False))
+        return _matches(names, pattern)
     coded = pc.dictionary_encode(names)
-    hits = pc.match_substring_regex(coded.dictionary, pattern).to_numpy(zero_copy_only=False)
-    return np.asarray(hits, bool)[coded.indices.to_numpy()]
+    return np.asarray(_matches(coded.dictionary, pattern), bool)[coded.indices.to_numpy()]
 
 
 def _table(name: str, columns: dict[str, Any]) -> pa.Table:
@@ -116,9 +120,9 @@ def kernel_category(names: pa.Array, cats: pa.Array) -> np.ndarray:
     coded = pc.dictionary_encode(names)  # the rules run once per distinct name
     distinct = coded.dictionary
     by_name = np.full(len(distinct), "compute", dtype=object)
-    by_name[_regex(distinct, OTHER_KERNEL_RE)] = "other"
-    by_name[_regex(distinct, MEMORY_KERNEL_RE)] = "memory"
-    by_name[_regex(distinct, COMM_KERNEL_RE)] = "communication"
+    by_name[_matches(distinct, OTHER_KERNEL_RE)] = "other"  # names already distinct
+    by_name[_matches(distinct, MEMORY_KERNEL_RE)] = "memory"
+    by_name[_matches(distinct, COMM_KERNEL_RE)] = "communication"
     indices = coded.indices
     if indices.null_count:
         indices = pc.fill_null(indices, len(distinct))
