@@ -134,6 +134,34 @@ def test_a_rank_killed_early_is_reported(tmp_path: Path) -> None:
     assert finding.evidence == {"last_step": 3, "furthest_step": 9, "status": "running"}
 
 
+def test_a_rank_killed_with_its_last_steps_unwritten_is_still_the_cause(tmp_path: Path) -> None:
+    # rank 1 was killed before it flushed its last steps; rank 0 raised from the all-reduce
+    # that failed without it, at the same step: only the statuses tell who stopped first
+    for rank in range(2):
+        done = [
+            (s, "0", s, "all_reduce", 64, "float32", None, s * MS, s * MS + 10, False, None)
+            for s in range(10)
+        ]
+        if rank == 0:
+            failed = (10, "0", 10, "all_reduce", 64, "float32", None, 10 * MS, 11 * MS, False)
+            done.append((*failed, "error"))  # a plain all-reduce: "error" is its whole label
+        status = "raised RuntimeError" if rank == 0 else "running"
+        write_rank(
+            tmp_path,
+            rank_meta(rank, 2, status=status),
+            {"steps": [(s, s * MS, (s + 1) * MS) for s in range(10)], "collectives": done},
+        )
+    killed, follower = [f for f in analyze(tmp_path).findings if f.code == "rank-stopped"]
+    assert (killed.ranks, killed.severity, killed.first_step, killed.last_step) == (
+        [1],
+        "error",
+        10,
+        10,
+    )
+    assert killed.evidence == {"last_step": 9, "furthest_step": 9, "status": "running"}
+    assert (follower.ranks, follower.severity, follower.evidence["after"]) == ([0], "warning", [1])
+
+
 def _data_phases(trace: Path, steps: int, stalls: dict[int, float]) -> None:
     """3 ranks, 30 ms steps, 0.2 ms data phases; rank 0's data phase lasts stalls[step] ms."""
     for rank in range(3):

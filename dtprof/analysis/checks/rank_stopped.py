@@ -1,8 +1,11 @@
 """rank-stopped: a rank whose trace ends while the others went on, or that never finished.
 
 Rule: a rank whose last recorded step is at least 2 steps behind the furthest rank, or whose
-metadata says it did not finish cleanly (killed: status still "running" after the others
-finished; "raised ..."; "recording stopped: ..."). An error; the rest is analysed as usual.
+metadata says it did not finish cleanly (killed: status still "running" after another rank
+finished, or after another rank raised from a collective that failed, since a collective fails
+when a peer is gone; "raised ..."; "recording stopped: ..."). An error; the rest is analysed as
+usual. A killed rank's last steps may still be in its writer's buffer, so it can look as far as
+the others: its finding then covers the step after its last one.
 Ranks of the job that wrote no trace at all (RunSummary.without_trace) are one error together.
 A rank that raised from a collective that failed (a peer gone) while another rank stopped for
 its own reason is a consequence: one warning for all of those, naming the ranks they followed.
@@ -22,7 +25,9 @@ def check(run: RunSummary) -> list[Finding]:
     last = run.steps.groupby("rank")["step"].max() if not run.steps.empty else None
     furthest = int(last.max()) if last is not None and len(last) else -1
     statuses = {r: str(m.get("status", "")) for r, m in run.meta.items()}
-    others_done = any(s == "finished" for s in statuses.values())
+    failed = set(_failed_collectives(run.collectives)["rank"].tolist())
+    lost_peer = {r for r in failed if statuses.get(r, "").startswith("raised")}
+    others_done = any(s == "finished" for s in statuses.values()) or bool(lost_peer)
     stopped = {}
     for rank in run.ranks:
         status = statuses[rank]
@@ -32,8 +37,7 @@ def check(run: RunSummary) -> list[Finding]:
         )
         if furthest - rank_last >= BEHIND_STEPS or unclean:
             stopped[rank] = rank_last
-    failed = set(_failed_collectives(run.collectives)["rank"].tolist())
-    followers = {r for r in stopped if statuses[r].startswith("raised") and r in failed}
+    followers = lost_peer & set(stopped)
     causes = sorted((set(stopped) - followers) | set(run.without_trace))
     if not causes:
         followers = set()
@@ -45,12 +49,17 @@ def check(run: RunSummary) -> list[Finding]:
 
 
 def _failed_collectives(collectives: pd.DataFrame) -> pd.DataFrame:
-    """Collectives recorded as failed: their label ends with ";error"."""
+    """Collectives recorded as failed: labelled "error", or "<label>;error" where they had one."""
     labels = collectives["label"]
     if isinstance(labels.dtype, pd.CategoricalDtype):  # test the few categories, not every row
-        bad = [c for c in labels.cat.categories if str(c).endswith(";error")]
+        bad = [c for c in labels.cat.categories if _failed(str(c))]
         return collectives[labels.isin(bad)]
-    return collectives[labels.astype("string").str.endswith(";error", na=False)]
+    text = labels.astype("string")
+    return collectives[(text == "error").fillna(False) | text.str.endswith(";error", na=False)]
+
+
+def _failed(label: str) -> bool:
+    return label == "error" or label.endswith(";error")
 
 
 def _without_trace(run: RunSummary) -> Finding:
@@ -75,12 +84,13 @@ def _without_trace(run: RunSummary) -> Finding:
 
 def _stopped(rank: int, rank_last: int, furthest: int, status: str) -> Finding:
     why = "was killed or lost" if status == "running" else status
+    first = rank_last + 1 if rank_last >= 0 else None
     return Finding(
         code="rank-stopped",
         severity="error",
         ranks=[rank],
-        first_step=rank_last + 1 if rank_last >= 0 else None,
-        last_step=furthest if furthest >= 0 else None,
+        first_step=first,
+        last_step=max(furthest, first or 0) if furthest >= 0 else None,
         message=(
             f"rank {rank}'s trace ends at step {rank_last} ({why}) while the furthest "
             f"rank reached step {furthest}"
