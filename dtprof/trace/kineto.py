@@ -27,7 +27,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dtprof.errors import DtprofError
-from dtprof.trace.kineto_events import Args, Event, Unstreamable, args_dict, chunks, decode, stream
+from dtprof.trace.kineto_events import (
+    Args,
+    Event,
+    Unstreamable,
+    chunks,
+    decode,
+    owned,
+    stream,
+)
 
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset", "Kernel", "Memcpy", "Memset")
 LAUNCH_CATS = ("cuda_runtime", "cuda_driver", "Runtime", "Driver")
@@ -84,7 +92,7 @@ class Cols:
     end_ns: np.ndarray
     pid: np.ndarray
     tid: np.ndarray
-    args: list[dict[str, Any]]  # CPU group only: filled for collectives, the rest {}
+    args: list[Args | None]  # CPU group only: collectives' args (None: no args object)
 
     def __len__(self) -> int:
         return len(self.ts_ns)
@@ -235,7 +243,7 @@ def _chunk_columns(events: list[Event]) -> dict[str, Any]:
     reads_args = kinds[cpu_idx] & _COMM
     out.update(
         cpu,
-        cpu_args=[args_dict(a) if r else {} for a, r in zip(cpu_args, reads_args, strict=True)],
+        cpu_args=[owned(a) if r else None for a, r in zip(cpu_args, reads_args, strict=True)],
     )
     memory, memory_args = _columns("memory", events, mem_idx, ("ts_ns",))
     out.update(

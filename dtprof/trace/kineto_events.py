@@ -81,22 +81,35 @@ CHUNK_EVENTS = 8192  # records decoded at a time: a file never holds more than t
 BUFFER_BYTES = 1 << 20  # what stream() reads at a time: its records come this many bytes a chunk
 _TRACE = msgspec.json.Decoder(_Trace)
 _EVENTS = msgspec.json.Decoder(list[Event])
-_ARG_NAMES = tuple(f.encode_name for f in msgspec.structs.fields(Args))
 _CHUNK_INDEX = re.compile(r"`\$\[(\d+)\]")
 _EVENTS_KEY = re.compile(rb'[{,]\s*"traceEvents"\s*:\s*\[')  # where a key of the document can be
 _BETWEEN = re.compile(rb"\}\s*,\s*\{")  # between two events, or somewhere else: see stream()
 
 
-def args_dict(args: Any) -> dict[str, Any]:
-    """The keys an event's args has (a null one counts as absent), by their JSON names, raw
-    values decoded."""
+NO_ARGS = Args()  # an event without args, or whose args are no object
+
+
+def raw_value(value: Any) -> Any:
+    """An ``Args`` field's value: a Raw one (``Input Dims``, ``Input type``) decoded, UNSET as
+    None."""
+    if isinstance(value, Raw):
+        return msgspec.json.decode(value)
+    return None if value is UNSET else value
+
+
+def owned(args: Any) -> Args | None:
+    """An event's args record, kept past its chunk: its Raw fields point into the read buffer,
+    which the next chunk overwrites, so they are copied out. None for args that are no object."""
     if not isinstance(args, Args):
-        return {}
-    return {
-        key: msgspec.json.decode(value) if isinstance(value, Raw) else value
-        for key, value in zip(_ARG_NAMES, msgspec.structs.astuple(args), strict=True)
-        if value is not None and value is not UNSET
-    }
+        return None
+    dims, types = args.input_dims, args.input_type
+    if not isinstance(dims, Raw) and not isinstance(types, Raw):
+        return args
+    return msgspec.structs.replace(
+        args,
+        input_dims=Raw(bytes(dims)) if isinstance(dims, Raw) else dims,
+        input_type=Raw(bytes(types)) if isinstance(types, Raw) else types,
+    )
 
 
 def read_bytes(path: Path) -> bytes:

@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dtprof.trace.kineto import COMM_ANNOTATION_RE, STEP_RE, KinetoFile
+from dtprof.trace.kineto_events import NO_ARGS, Args, raw_value
 from dtprof.trace.schema import SCHEMA_VERSION, TABLES
 
 COMM_KERNEL_RE = r"^nccl.*Kernel"
@@ -174,13 +175,12 @@ def _normal_op(name: str) -> str:
     return OP_NAMES.get(op, op)
 
 
-def _size(args: dict[str, Any]) -> tuple[int, str | None]:
+def _size(args: Args) -> tuple[int, str | None]:
     """(bytes, dtype) from record_param_comms' sizes, else from the first input's dims."""
-    dtype = args.get("dtype")
-    nelems = args.get("In msg nelems")
+    dtype, nelems = args.dtype, args.in_msg_nelems
     if isinstance(nelems, int) and isinstance(dtype, str):
         return nelems * DTYPE_BYTES.get(dtype.lower(), 0), dtype.lower()
-    dims, types = args.get("Input Dims"), args.get("Input type")
+    dims, types = raw_value(args.input_dims), raw_value(args.input_type)
     if isinstance(dims, list) and dims and isinstance(dims[0], list) and isinstance(types, list):
         first = str(types[0]).lower() if types else ""
         count = int(np.prod(dims[0])) if all(isinstance(d, int) for d in dims[0]) else 0
@@ -267,8 +267,8 @@ def _thread_collectives(
     fields: dict[str, list[Any]],
 ) -> dict[str, np.ndarray]:
     """One thread's collectives: its record_param_comms operators by start, then the annotations
-    outside any of them. Appends the columns read from their args to ``fields`` (a light loop:
-    args are dicts) and returns their times, computed for all rows at once."""
+    outside any of them. Appends the columns read from their args to ``fields`` (a light loop
+    over their records) and returns their times, computed for all rows at once."""
     rpc = _by_start(cpu, np.flatnonzero(is_rpc))
     ann = _by_start(cpu, np.flatnonzero(is_ann))
     child, outside = _nest(cpu, rpc, ann)
@@ -277,17 +277,17 @@ def _thread_collectives(
     keep = np.ones(len(events), bool)
     launched = on_gpu.tolist()
     for j, r in enumerate(rpc.tolist()):
-        args = cpu.args[r]
+        args = cpu.args[r] or NO_ARGS
         a = child.get(j)
-        named = args.get("Collective name")
+        named = args.collective_name
         if not named and a is None and not launched[j]:
             keep[j] = False  # a bookkeeping record_param_comms: no collective named or launched
             continue
         op = _normal_op(str(named) if named else names[a] if a is not None else "unknown")
-        size_args = args if "In msg nelems" in args or a is None else cpu.args[a]
-        _add_args(fields, op, args, size_args)
+        sized = args.in_msg_nelems is not None or a is None
+        _add_args(fields, op, args, args if sized else cpu.args[a] or NO_ARGS)
     for a in outside.tolist():
-        _add_args(fields, _normal_op(names[a]), {}, cpu.args[a])
+        _add_args(fields, _normal_op(names[a]), NO_ARGS, cpu.args[a] or NO_ARGS)
     events, on_gpu = events[keep], on_gpu[keep]
     return {
         "cpu_ns": cpu.ts_ns[events],
@@ -344,13 +344,15 @@ def _reduce_ranges(
     return ufunc.reduceat(padded, bounds)[::2]
 
 
-def _add_args(
-    fields: dict[str, list[Any]], op: str, args: dict[str, Any], size_args: dict[str, Any]
-) -> None:
-    """Append one collective's columns read from its args: group, seq, op, size and peer."""
+def _add_args(fields: dict[str, list[Any]], op: str, args: Args, size_args: Args) -> None:
+    """Append one collective's columns read from its args: group, seq, op, size and peer (a
+    null key counts as a missing one)."""
     nbytes, dtype = _size(size_args)
-    seq = args.get("Seq", args.get("seq"))
-    fields["group"].append(str(args.get("Process Group Name", args.get("pg_name", "0"))))
+    seq = args.seq_ if args.seq_ is not None else args.seq
+    group = args.process_group_name
+    if group is None:
+        group = args.pg_name if args.pg_name is not None else "0"
+    fields["group"].append(str(group))
     fields["seq"].append(seq if isinstance(seq, int) else None)
     fields["op"].append(op)
     fields["bytes"].append(nbytes)
