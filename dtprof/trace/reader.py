@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from dtprof.errors import DtprofError
@@ -324,19 +325,47 @@ def read_rank_meta(folder: Path) -> dict[str, Any]:
 def table_frame(
     table: Table, by_rank: list[tuple[int, pa.Table]], params: dict[int, ClockParams]
 ) -> pd.DataFrame:
-    """One table of some ranks as pandas: a rank column first, times on rank 0's clock."""
-    parts = [
-        t.add_column(0, "rank", pa.array(np.full(t.num_rows, r, np.int32))) for r, t in by_rank
-    ]
-    data = (
-        pa.concat_tables(parts)
-        if parts
-        else table.schema.empty_table().add_column(0, "rank", pa.array([], pa.int32()))
-    )
+    """One table of some ranks as pandas: a rank column first, times on rank 0's clock.
+
+    Without clock drift, each rank's times move by one number: that is added in Arrow, before
+    the conversion, rather than column by column through pandas (a frame of a few rows took
+    about 1.5 ms that way, half of it in the shifts)."""
+    if not any(t.num_rows for _, t in by_rank):  # many tables of a trace are empty
+        return _empty_frame(table).copy()
+    drift = any(params[r][3] for r, _ in by_rank)
+    times = table.time_columns
+    parts = [t if drift else _shifted(t, times, params[r]) for r, t in by_rank]
+    data = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
     df = data.to_pandas(types_mapper=_NULLABLE_INTS.get)
-    df["rank"] = df["rank"].astype("int32")
-    _align(df, table.time_columns, params)
+    counts = [t.num_rows for _, t in by_rank]
+    df.insert(0, "rank", np.repeat(np.array([r for r, _ in by_rank], np.int32), counts))
+    if drift:
+        _align(df, times, params)
+        return df
+    for name in times:  # times with nulls stay integers, as _align keeps them
+        column = data.column(name)
+        if column.null_count:
+            values = pc.fill_null(column, 0).to_numpy()
+            missing = column.is_null().to_numpy(zero_copy_only=False)
+            df[name] = pd.arrays.IntegerArray(values, missing)
     return df
+
+
+@functools.cache
+def _empty_frame(table: Table) -> pd.DataFrame:
+    df = table.schema.empty_table().to_pandas(types_mapper=_NULLABLE_INTS.get)
+    df.insert(0, "rank", np.array([], np.int32))
+    return df
+
+
+def _shifted(t: pa.Table, times: list[str], params: ClockParams) -> pa.Table:
+    """t with its times moved onto rank 0's clock by the rank's constant offset (no drift)."""
+    base, off0, _, _ = params
+    shift = pa.scalar(int(base) - int(np.rint(off0)), pa.int64())
+    for name in times:
+        i = t.schema.get_field_index(name)
+        t = t.set_column(i, name, pc.add(t.column(i), shift))
+    return t
 
 
 @functools.cache
