@@ -71,13 +71,19 @@ def _frame(
     rank: int,
     params: dict[int, ClockParams],
     categories: tuple[str, ...] = (),
+    columns: tuple[str, ...] | None = None,
 ) -> pd.DataFrame:
-    """One table of this rank; repeated strings in `categories` become pandas categories."""
+    """One table of this rank (only `columns`, if given); repeated strings in `categories`
+    become pandas categories."""
     table = _table(folder, name)
+    if columns is not None:
+        table = table.select(list(columns))
     for col in categories:
         i = table.schema.get_field_index(col)
         table = table.set_column(i, col, pc.dictionary_encode(table.column(i)))
-    return table_frame(TABLES[name], [(rank, table)], params)
+    frame = table_frame(TABLES[name], [(rank, table)], params)
+    wanted = ["rank", *columns] if columns is not None else None
+    return frame if wanted is None or list(frame.columns) == wanted else frame[wanted]
 
 
 def summarize_rank(folder: str | Path) -> RankSummary:
@@ -86,6 +92,7 @@ def summarize_rank(folder: str | Path) -> RankSummary:
     return summarize_frames(read_rank_meta(folder), folder, read_inflight(folder))
 
 
+KERNEL_COLUMNS = ("step", "category", "start_ns", "end_ns")  # what dtprof.analysis.gpu reads
 BESIDE_FROM_BYTES = 1 << 20  # of the ranks' table files: below that, one process is quicker
 
 
@@ -133,7 +140,7 @@ def summarize_frames(
     steps = _frame(folder, "steps", rank, params)
     spans = _frame(folder, "spans", rank, params)
     steps["step_ns"] = steps["end_ns"] - steps["start_ns"]
-    kernels = _frame(folder, "kernels", rank, params, ("name", "category"))
+    kernels = _frame(folder, "kernels", rank, params, ("category",), KERNEL_COLUMNS)
     if not kernels.empty:
         spans = pd.concat([spans, compute_phases(rank, kernels, steps)], ignore_index=True)
     phases = spans[spans["kind"] == "phase"]

@@ -333,7 +333,8 @@ def table_frame(
     if not any(t.num_rows for _, t in by_rank):  # many tables of a trace are empty
         return _empty_frame(table).copy()
     drift = any(params[r][3] for r, _ in by_rank)
-    times = table.time_columns
+    present = by_rank[0][1].schema.names  # all of the table's columns, or some
+    times = [c for c in table.time_columns if c in present]
     parts = [t if drift else _shifted(t, times, params[r]) for r, t in by_rank]
     data = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
     df = data.to_pandas(types_mapper=_NULLABLE_INTS.get)
