@@ -156,6 +156,32 @@ def test_bad_or_doubtful_text_is_left_to_the_python_reader(
         assert isinstance(python, str) and str(path) in python, python  # its one-line error
 
 
+def test_a_kind_field_repeated_after_the_args_is_read_as_the_python_reader_reads(
+    tmp_path: Path,
+) -> None:
+    """Args are read where they stand when the event's kind is known by then; a ph, cat or
+    name repeated after them (the last counts) can change the kind, and so what is read."""
+    base = '"name": "k", "ts": 1, "dur": 2, "pid": 0, "tid": 7'
+    args = '"args": {"stream": 3, "correlation": 9, "bytes": 64}'
+    events = [
+        f'{{"ph": "X", "cat": "cpu_op", {base}, {args}, "cat": "kernel"}}',  # becomes a kernel
+        f'{{"ph": "X", "cat": "kernel", {base}, {args}, "cat": "cpu_op"}}',  # is one no more
+        f'{{"ph": "i", "cat": "kernel", {base}, {args}, "ph": "X"}}',  # an instant, then X
+        f'{{"ph": "X", "cat": "kernel", {base}, {args}}}',  # the usual order
+        f'{{"ph": "X", "cat": "kernel", {base}, {args}, "args": {{"stream": 5}}}}',  # args twice
+        # read as a kernel's, then args passed over as a CPU op's, then a kernel again
+        f'{{"ph": "X", "cat": "kernel", {base}, {args}, "cat": "cpu_op", "args": {{"stream": 6}}, '
+        '"cat": "kernel"}',
+        f'{{"ph": "X", "cat": "kernel", {base}, {args}, "args": [1]}}',  # last args: no object
+    ]
+    path = tmp_path / "rank0.json"
+    path.write_text('{"traceEvents": [' + ", ".join(events) + "]}")
+    native, python = both(path)
+    assert isinstance(native, KinetoFile) and isinstance(python, KinetoFile), (native, python)
+    assert_same(native, python)
+    assert native.gpu_stream.tolist() == [3, 3, 3, 5, 6, 7]  # 7: no stream, the tid
+
+
 def test_random_damage_never_makes_it_read_otherwise_than_the_python_reader(
     tmp_path: Path,
 ) -> None:

@@ -139,6 +139,7 @@ Key event_key(std::string_view k) {
 }
 
 enum Kind : unsigned { kGpu = 1, kLaunch = 2, kCpu = 4, kComm = 8, kMemory = 16 };
+constexpr unsigned kArgsRead = kGpu | kLaunch | kMemory;  // the groups that read args keys
 
 class Scanner {
  public:
@@ -523,10 +524,9 @@ class Scanner {
     Num stream, correlation, bytes, device_type, total_allocated, total_reserved;
   };
 
-  // The args keys the groups read (the last of a repeated key, as the Python reader takes it).
-  Args args_at(int64_t start, int64_t stop) {
-    const char* saved = p_;
-    p_ = begin_ + start;
+  // The args keys the groups read (the last of a repeated key, as the Python reader takes it),
+  // from the args object at p_.
+  Args args_here() {
     Args a;
     members([&](std::string_view key) {
       if (key == "stream") a.stream = number();
@@ -537,9 +537,38 @@ class Scanner {
       else if (key == "Total Reserved") a.total_reserved = number();
       else skip(2);
     });
+    return a;
+  }
+
+  // The same, of an args object already passed over (a kind field came after it).
+  Args args_at(int64_t start, int64_t stop) {
+    const char* saved = p_;
+    p_ = begin_ + start;
+    Args a = args_here();
     if (p_ - begin_ != stop) fail("args changed under the scan");
     p_ = saved;
     return a;
+  }
+
+  // Which groups an event belongs to, by its ph, cat and name (0: none).
+  static unsigned kind_of(const Str& ph, const Str& cat, const Str& name) {
+    if (!ph.present) return 0;
+    unsigned kind = 0;
+    std::string_view n = name.present ? name.s : std::string_view();
+    if (ph.s == "i") {
+      kind = n == "[memory]" ? static_cast<unsigned>(kMemory) : 0u;
+    } else if (ph.s == "X") {
+      if (cat.present && one_of(cat.s, {"kernel", "gpu_memcpy", "gpu_memset", "Kernel", "Memcpy",
+                                        "Memset"}))
+        kind = kGpu;
+      else if (cat.present && one_of(cat.s, {"cuda_runtime", "cuda_driver", "Runtime", "Driver"}))
+        kind = kLaunch;
+      if (name.present && (n == "record_param_comms" || is_comm_annotation(n)))
+        kind |= kCpu | kComm;
+      else if ((cat.present && cat.s == "user_annotation") || (name.present && is_step(n)))
+        kind |= kCpu;
+    }
+    return kind;
   }
 
   // An int64 column's value: the Python reader's default for missing or null.
@@ -573,7 +602,8 @@ class Scanner {
     Str ph, cat, name;
     Num pid, tid, ts, dur;
     int64_t args_start = -1, args_stop = -1;
-    bool args_object = false;
+    bool args_object = false, args_read = false;  // args_read: `a` holds the last args
+    Args a;
     members([&](std::string_view key) {
       switch (event_key(key)) {
         case kPh: ph = text(ph_scratch_); break;
@@ -586,31 +616,25 @@ class Scanner {
         case kArgs:
           args_object = peek() == '{';
           args_start = p_ - begin_;
-          skip(2);
+          // In the usual order (args last) the event's kind is known here, and its args are
+          // read in passing. Otherwise, or if a kind field repeated after them (the last
+          // counts) makes the event one that reads args, they are read again at the end.
+          args_read = args_object && (kind_of(ph, cat, name) & kArgsRead);
+          if (args_read) {
+            a = args_here();
+          } else {
+            skip(2);
+          }
           args_stop = p_ - begin_;
           break;
         default: skip(2);
       }
     });
-    if (!ph.present) return;
-    unsigned kind = 0;
-    std::string_view n = name.present ? name.s : std::string_view();
-    if (ph.s == "i") {
-      kind = n == "[memory]" ? static_cast<unsigned>(kMemory) : 0u;
-    } else if (ph.s == "X") {
-      if (cat.present && one_of(cat.s, {"kernel", "gpu_memcpy", "gpu_memset", "Kernel", "Memcpy",
-                                        "Memset"}))
-        kind = kGpu;
-      else if (cat.present && one_of(cat.s, {"cuda_runtime", "cuda_driver", "Runtime", "Driver"}))
-        kind = kLaunch;
-      if (name.present && (n == "record_param_comms" || is_comm_annotation(n)))
-        kind |= kCpu | kComm;
-      else if ((cat.present && cat.s == "user_annotation") || (name.present && is_step(n)))
-        kind |= kCpu;
-    }
+    unsigned kind = kind_of(ph, cat, name);
     if (!kind) return;
-    Args a;
-    if (args_object && (kind & (kGpu | kLaunch | kMemory))) a = args_at(args_start, args_stop);
+    std::string_view n = name.present ? name.s : std::string_view();
+    if (!args_object) a = Args();  // the last args are no object: none of their keys count
+    else if ((kind & kArgsRead) && !args_read) a = args_at(args_start, args_stop);
     if (kind & kGpu) {
       common(c.gpu, n, cat, ts, dur, pid, tid);
       c.gpu_stream.push_back(integer(a.stream, -1));
