@@ -5,12 +5,13 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from dtprof.record.writer import DtprofWarning, TraceWriter
 from dtprof.trace.reader import read_table
-from dtprof.trace.schema import STEPS
+from dtprof.trace.schema import KERNELS, STEPS
 
 
 def _steps(writer: TraceWriter, first: int, n: int) -> None:
@@ -38,6 +39,27 @@ def test_close_seals_parquet_and_removes_the_stream(tmp_path: Path) -> None:
     table = pq.read_table(tmp_path / "steps" / "part-000000.parquet")
     assert table.schema.equals(STEPS.schema)
     assert table.column("end_ns").to_pylist() == [500, 1500, 2500, 3500]
+
+
+def test_sealed_parquet_has_dictionaries_for_strings_only_and_delta_times(
+    tmp_path: Path,
+) -> None:
+    rows = [(s, 0, 7, f"k{s % 3}", "compute", 10 * s, 10 * s + 5, s, None) for s in range(50)]
+    data = pa.Table.from_pylist(
+        [dict(zip(KERNELS.column_names, r, strict=True)) for r in rows], schema=KERNELS.schema
+    )
+    KERNELS.write_parquet(data, tmp_path / "k.parquet")
+    meta = pq.ParquetFile(tmp_path / "k.parquet").metadata
+    encodings = {
+        meta.schema.column(i).name: meta.row_group(0).column(i).encodings
+        for i in range(meta.num_columns)
+    }
+    assert "RLE_DICTIONARY" in encodings["name"] and "RLE_DICTIONARY" in encodings["category"]
+    assert "DELTA_BINARY_PACKED" in encodings["start_ns"]
+    assert "DELTA_BINARY_PACKED" in encodings["end_ns"]
+    assert not any("DICTIONARY" in e for e in encodings["correlation"])
+    assert meta.row_group(0).column(0).compression == "ZSTD"
+    assert pq.read_table(tmp_path / "k.parquet").equals(data)
 
 
 def test_segments_roll_over_at_seal_rows(tmp_path: Path) -> None:

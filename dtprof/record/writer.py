@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from dtprof.trace.schema import LIVE_PREFIX, SEALED_PREFIX, TABLES, Table
 
@@ -62,7 +61,7 @@ class _Segment:
             data = pa.ipc.open_stream(source).read_all()
         final = self.folder / f"{SEALED_PREFIX}{self.number:06d}.parquet"
         tmp = self.folder / f".{final.name}.tmp"
-        pq.write_table(data, tmp, compression="zstd")
+        self.table.write_parquet(data, tmp)
         os.replace(tmp, final)
         self.path.unlink()
 

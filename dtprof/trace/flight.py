@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from dtprof import __version__
 from dtprof.errors import DtprofError
@@ -413,7 +412,9 @@ def convert_dumps(folder: Path, out: Path) -> int:
             for name, table in _tables(items, groups, backend).items():
                 (rdir / name).mkdir(parents=True, exist_ok=True)
                 if table.num_rows:
-                    pq.write_table(table, rdir / name / f"{SEALED_PREFIX}000000.parquet")
+                    TABLES[name].write_parquet(
+                        table, rdir / name / f"{SEALED_PREFIX}000000.parquet"
+                    )
             meta = _meta(f, rank, world, dump, backend)
             (rdir / META_FILE).write_text(json.dumps(meta, indent=1))
             (rdir / INFLIGHT_FILE).write_text(json.dumps(_inflight(items), indent=1))

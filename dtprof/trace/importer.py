@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from dtprof.beside import run_beside
 from dtprof.errors import DtprofError
@@ -155,9 +154,7 @@ def _write_tables(folder: Path, tables: dict[str, pa.Table]) -> None:
         tdir = folder / name
         tdir.mkdir(parents=True, exist_ok=True)
         if tables[name].num_rows:
-            pq.write_table(
-                tables[name], tdir / f"{SEALED_PREFIX}000000.parquet", compression="zstd"
-            )
+            TABLES[name].write_parquet(tables[name], tdir / f"{SEALED_PREFIX}000000.parquet")
 
 
 def import_kineto(
