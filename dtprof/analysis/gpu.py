@@ -32,24 +32,24 @@ NOTE = (
 )
 
 
-def union(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Merge intervals into sorted disjoint ones (touching intervals merge)."""
+def union(
+    start: np.ndarray, end: np.ndarray, by_start: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
+    """Merge intervals into sorted disjoint ones (touching intervals merge); ``by_start``: they
+    are in order of start already."""
     if len(start) == 0:
         return start.astype(np.int64), end.astype(np.int64)
-    order = np.argsort(start, kind="stable")
-    s, e = start[order], end[order]
+    if by_start:
+        s, e = start, end
+    else:
+        order = np.argsort(start, kind="stable")
+        s, e = start[order], end[order]
     reach = np.maximum.accumulate(e)
     new = np.empty(len(s), bool)
     new[0] = True
     new[1:] = s[1:] > reach[:-1]
     first = np.flatnonzero(new)
     return s[first], np.maximum.reduceat(e, first)
-
-
-def covered_ns(start: np.ndarray, end: np.ndarray) -> int:
-    """Length of the union of the intervals."""
-    s, e = union(start, end)
-    return int((e - s).sum())
 
 
 def intersection_ns(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> int:
@@ -68,31 +68,68 @@ def intersection_ns(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.nd
 
 def counted(kernels: pd.DataFrame, steps: pd.DataFrame) -> np.ndarray:
     """Mask of the kernels the figures count: launched before the last step, with >= 2 steps."""
-    if steps["step"].nunique() < 2:
+    step_numbers = steps["step"].to_numpy()
+    if len(np.unique(step_numbers)) < 2:
         return np.ones(len(kernels), bool)
-    last = steps.sort_values("start_ns")["step"].iloc[-1]
+    last = step_numbers[np.argsort(steps["start_ns"].to_numpy(), kind="quicksort")[-1]]
     step = kernels["step"]
-    return (step.notna() & (step.fillna(last) != last)).to_numpy(bool)
+    return ~step.isna().to_numpy(bool) & (step.to_numpy(np.int64, na_value=last) != last)
 
 
-def gpu_figures(rank: int, kernels: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
-    """One row: span, idle, compute, non-compute, communication and overlap ns, and shares."""
-    k = kernels[counted(kernels, steps)]
-    start, end = k["start_ns"].to_numpy(np.int64), k["end_ns"].to_numpy(np.int64)
-    if len(k) == 0:
+def _is(kernels: pd.DataFrame, category: str) -> np.ndarray:
+    """Mask of the kernels of one category (categorical columns compared by code)."""
+    column = kernels["category"]
+    if isinstance(column.dtype, pd.CategoricalDtype):
+        names = column.cat.categories
+        if category not in names:
+            return np.zeros(len(column), bool)
+        return column.cat.codes.to_numpy() == names.get_loc(category)
+    return np.asarray(column.to_numpy() == category, bool)
+
+
+def kernel_figures(
+    rank: int, kernels: pd.DataFrame, steps: pd.DataFrame
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """One rank's compute phases (the union of its compute kernels as spans named gpu-compute,
+    in the step they begin) and its GPU figures (one row: span, idle, compute, non-compute,
+    communication and overlap ns, and shares), from its kernels sorted by start once."""
+    order = np.argsort(kernels["start_ns"].to_numpy(np.int64), kind="stable")
+    start = kernels["start_ns"].to_numpy(np.int64)[order]
+    end = kernels["end_ns"].to_numpy(np.int64)[order]
+    comp, comm = _is(kernels, "compute")[order], _is(kernels, "communication")[order]
+    s, e = union(start[comp], end[comp], by_start=True)
+    phases = pd.DataFrame(
+        {
+            "rank": np.full(len(s), rank, np.int32),
+            "step": step_at(steps.sort_values("start_ns"), s),
+            "name": GPU_PHASE,
+            "kind": "phase",
+            "start_ns": s,
+            "end_ns": e,
+        }
+    )
+    keep = counted(kernels, steps)[order]
+    return phases, _figures(rank, start[keep], end[keep], comp[keep], comm[keep])
+
+
+def _figures(
+    rank: int, start: np.ndarray, end: np.ndarray, comp: np.ndarray, comm: np.ndarray
+) -> pd.DataFrame:
+    """The GPU figures of the counted kernels, given in order of start."""
+    if len(start) == 0:
         return pd.DataFrame()
     span = int(end.max() - start.min())
-    busy = covered_ns(start, end)
-    comp = k["category"].to_numpy() == "compute"
-    comm = k["category"].to_numpy() == "communication"
-    comp_u, comm_u = union(start[comp], end[comp]), union(start[comm], end[comm])
+    busy_u = union(start, end, by_start=True)
+    busy = int((busy_u[1] - busy_u[0]).sum())
+    comp_u = union(start[comp], end[comp], by_start=True)
+    comm_u = union(start[comm], end[comm], by_start=True)
     compute = int((comp_u[1] - comp_u[0]).sum())
     communication = int((comm_u[1] - comm_u[0]).sum())
     overlap = intersection_ns(comp_u, comm_u)
     idle = span - busy
     row: dict[str, float] = {
         "rank": rank,
-        "kernels": len(k),
+        "kernels": len(start),
         "span_ns": span,
         "idle_ns": idle,
         "compute_ns": compute,
@@ -104,22 +141,6 @@ def gpu_figures(rank: int, kernels: pd.DataFrame, steps: pd.DataFrame) -> pd.Dat
         row[f"{name}_pct"] = 100.0 * row[f"{name}_ns"] / span if span else np.nan
     row["comm_overlap_pct"] = 100.0 * overlap / communication if communication else np.nan
     return pd.DataFrame([row])
-
-
-def compute_phases(rank: int, kernels: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
-    """The union of compute kernels as phase spans (name gpu-compute), in the step they begin."""
-    comp = kernels[kernels["category"] == "compute"]
-    s, e = union(comp["start_ns"].to_numpy(np.int64), comp["end_ns"].to_numpy(np.int64))
-    return pd.DataFrame(
-        {
-            "rank": np.full(len(s), rank, np.int32),
-            "step": step_at(steps.sort_values("start_ns"), s),
-            "name": GPU_PHASE,
-            "kind": "phase",
-            "start_ns": s,
-            "end_ns": e,
-        }
-    )
 
 
 GPU_FIELDS = (

@@ -18,7 +18,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dtprof.analysis.gpu import GPU_PHASE, compute_phases, gpu_figures
+from dtprof.analysis.gpu import GPU_PHASE, kernel_figures
 from dtprof.analysis.matching import GroupMatrix, match
 from dtprof.beside import run_beside
 from dtprof.errors import DtprofError
@@ -53,7 +53,7 @@ class RankSummary:
     inflight: pd.DataFrame  # rank, step, group, seq, op, bytes, ..., start_ns (aligned)
     last_span: pd.DataFrame  # rank, step, name, kind, end_ns: what the rank did last
     groups: pd.DataFrame  # group, size: the process groups this rank used, with their sizes
-    gpu: pd.DataFrame = field(default_factory=pd.DataFrame)  # gpu.gpu_figures(): one row or none
+    gpu: pd.DataFrame = field(default_factory=pd.DataFrame)  # gpu.kernel_figures(): one row or none
 
 
 Tables = Path | dict[str, pa.Table]  # a rank folder, or an importer's tables in memory
@@ -141,9 +141,12 @@ def summarize_frames(
     spans = _frame(folder, "spans", rank, params)
     steps["step_ns"] = steps["end_ns"] - steps["start_ns"]
     kernels = _frame(folder, "kernels", rank, params, ("category",), KERNEL_COLUMNS)
-    if not kernels.empty:
-        spans = pd.concat([spans, compute_phases(rank, kernels, steps)], ignore_index=True)
+    gpu_phases, gpu = kernel_figures(rank, kernels, steps) if not kernels.empty else (None, None)
+    # the compute phases of the kernels come after the spans' own (the spans' order): they are
+    # thousands of rows (imported traces), so they join the spans only where they must
     phases = spans[spans["kind"] == "phase"]
+    if gpu_phases is not None:
+        phases = pd.concat([phases, gpu_phases], ignore_index=True)
     steps["compute_ns"] = _per_step(phases, steps, COMPUTE_PHASES)
     steps["data_ns"] = _per_step(phases, steps, ("data",))
     return RankSummary(
@@ -165,10 +168,20 @@ def summarize_frames(
         memory=_memory(_frame(folder, "samples", rank, params)),
         events=_frame(folder, "events", rank, params),
         inflight=inflight_frame([(rank, inflight_rows)], params),
-        last_span=spans.sort_values("end_ns").tail(1)[["rank", "step", "name", "kind", "end_ns"]],
+        last_span=_last_span(spans, gpu_phases),
         groups=_groups(_table(folder, "groups")),
-        gpu=gpu_figures(rank, kernels, steps) if not kernels.empty else pd.DataFrame(),
+        gpu=gpu if gpu is not None else pd.DataFrame(),
     )
+
+
+def _last_span(spans: pd.DataFrame, gpu_phases: pd.DataFrame | None) -> pd.DataFrame:
+    """The span that ended last (the last of those that never ended, if any), of the spans and
+    then the kernels' compute phases. Those are disjoint and in order, so their last ends last,
+    and only it competes."""
+    columns = ["rank", "step", "name", "kind", "end_ns"]
+    if gpu_phases is not None:
+        spans = pd.concat([spans, gpu_phases.tail(1)], ignore_index=True)
+    return spans.sort_values("end_ns").tail(1)[columns]
 
 
 def _per_step(phases: pd.DataFrame, steps: pd.DataFrame, names: tuple[str, ...]) -> np.ndarray:
@@ -215,7 +228,7 @@ class RunSummary:
     inflight: pd.DataFrame
     last_span: pd.DataFrame
     groups: pd.DataFrame
-    gpu: pd.DataFrame = field(default_factory=pd.DataFrame)  # per rank: gpu.gpu_figures()
+    gpu: pd.DataFrame = field(default_factory=pd.DataFrame)  # per rank: gpu.kernel_figures()
     without_trace: list[int] = field(default_factory=list)  # ranks of the job that wrote none
 
     @property
