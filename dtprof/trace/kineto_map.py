@@ -14,12 +14,14 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
+from msgspec import UNSET
 
 from dtprof.trace.kineto import COMM_ANNOTATION_RE, STEP_RE, KinetoFile
 from dtprof.trace.kineto_events import NO_ARGS, Args, raw_value
@@ -170,7 +172,9 @@ def kernels_table(kf: KinetoFile, steps: pd.DataFrame) -> tuple[pa.Table, np.nda
     return table, category
 
 
+@functools.cache
 def _normal_op(name: str) -> str:
+    """The collective's name as dtprof writes it, from Kineto's (a file repeats a few)."""
     op = name.split(":", 1)[-1].strip().lower()
     return OP_NAMES.get(op, op)
 
@@ -180,6 +184,8 @@ def _size(args: Args) -> tuple[int, str | None]:
     dtype, nelems = args.dtype, args.in_msg_nelems
     if isinstance(nelems, int) and isinstance(dtype, str):
         return nelems * DTYPE_BYTES.get(dtype.lower(), 0), dtype.lower()
+    if args.input_dims is UNSET or args.input_type is UNSET:  # most: nothing to decode
+        return 0, None
     dims, types = raw_value(args.input_dims), raw_value(args.input_type)
     if isinstance(dims, list) and dims and isinstance(dims[0], list) and isinstance(types, list):
         first = str(types[0]).lower() if types else ""
