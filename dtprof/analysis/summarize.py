@@ -290,11 +290,9 @@ def _concat_column(parts: list[pd.Series]) -> Any:
         return _concat_categorical(parts)
     if isinstance(dtype, np.dtype):
         return np.concatenate([p.to_numpy() for p in parts])
-    if isinstance(dtype, pd.core.dtypes.dtypes.BaseMaskedDtype):  # Int32 and the like
+    if isinstance(dtype, pd.api.extensions.ExtensionDtype):  # str, Int32 and the like
         arrays = [p.array for p in parts]
-        data = np.concatenate([a._data for a in arrays])
-        mask = np.concatenate([a._mask for a in arrays])
-        return type(arrays[0])(data, mask)
+        return type(arrays[0])._concat_same_type(arrays)
     return pd.concat(parts, ignore_index=True)
 
 
