@@ -10,6 +10,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from dtprof.analysis import analyze
@@ -498,6 +499,14 @@ def test_vectorized_overlap_equals_the_per_rank_sweep(tmp_path: Path) -> None:
     sweep = poor_overlap.overlap_per_rank(poor_overlap.transfer_intervals(run, 2), compute)
     assert fast.to_dict() == sweep.sort_index().to_dict()
     assert (fast["overlap_ns"] > 0).all() and (fast["overlap_ns"] < fast["comm_ns"]).all()
+    # rows in any order: the spans are sorted by rank and start where they are not already
+    shuffled = compute.sample(frac=1.0, random_state=3)
+    assert not shuffled["rank"].is_monotonic_increasing
+    merged, again = poor_overlap.merged_compute(compute), poor_overlap.merged_compute(shuffled)
+    assert merged.keys() == again.keys()
+    for rank, arrays in merged.items():
+        assert all(np.array_equal(a, b) for a, b in zip(arrays, again[rank], strict=True))
+    assert poor_overlap.comm_overlap(run, 2, shuffled).sort_index().to_dict() == fast.to_dict()
 
 
 def test_steps_and_ranks_windows(tmp_path: Path) -> None:
@@ -610,3 +619,22 @@ def test_text_and_markdown_renderings(tmp_path: Path) -> None:
     assert t.splitlines()[0].endswith("3 of 3 ranks, 12 steps, median step 28.00 ms")
     assert "try: look at rank 1's host" in t
     assert "| rank | steps |" in m and "**error** `straggler` ranks 1" in m
+
+
+def test_the_straggler_compute_matrix_is_the_pivot_table_of_the_steps() -> None:
+    import pandas as pd
+
+    from dtprof.analysis.checks.straggler import _compute_matrix
+
+    rng = np.random.default_rng(5)
+    rows = [(r, s) for s in range(30) for r in range(4) if rng.random() > 0.1]
+    steps = pd.DataFrame(rows, columns=["rank", "step"])
+    steps["compute_ns"] = rng.normal(1e6, 1e4, len(steps))
+    steps.loc[rng.random(len(steps)) < 0.1, "compute_ns"] = np.nan
+    steps.loc[steps["step"] == 7, "compute_ns"] = np.nan  # a step without any: left out
+    steps.loc[steps["rank"] == 2, "compute_ns"] = np.nan  # a rank without any: left out
+    pivot = steps.pivot_table(index="step", columns="rank", values="compute_ns")
+    step_no, rank_no, compute = _compute_matrix(steps)
+    assert step_no.tolist() == pivot.index.tolist() and 7 not in step_no
+    assert rank_no.tolist() == pivot.columns.tolist() == [0, 1, 3]
+    assert np.array_equal(compute, pivot.to_numpy(), equal_nan=True)

@@ -90,9 +90,12 @@ RANKS_PER_BLOCK = 128  # matrix columns swept at once: bounds the temporaries' m
 def merged_compute(compute: pd.DataFrame) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """Per rank, its compute spans merged into sorted disjoint [start, end), with the compute
     time before each one (prefix sums): what compute_before needs."""
-    df = compute.sort_values(["rank", "start_ns"], kind="stable")
-    ranks = df["rank"].to_numpy()
-    starts, ends = df["start_ns"].to_numpy(np.int64), df["end_ns"].to_numpy(np.int64)
+    ranks = compute["rank"].to_numpy()
+    starts, ends = compute["start_ns"].to_numpy(np.int64), compute["end_ns"].to_numpy(np.int64)
+    step = np.diff(ranks)
+    if not ((step >= 0).all() and ((step > 0) | (np.diff(starts) >= 0)).all()):
+        order = np.lexsort((starts, ranks))  # stable: rows already in order stay in place
+        ranks, starts, ends = ranks[order], starts[order], ends[order]
     out: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
     if not len(ranks):
         return out
@@ -164,7 +167,7 @@ def check(run: RunSummary) -> list[Finding]:
     if run.collectives.empty or run.phases.empty or run.steps.empty:
         return []
     skip = warmup_steps(run.steps["step"])
-    compute = run.phases[run.phases["step"] >= skip]
+    compute = run.phases.loc[run.phases["step"] >= skip, ["rank", "start_ns", "end_ns"]]
     per = comm_overlap(run, skip, compute)
     if per.empty:
         return []

@@ -126,29 +126,29 @@ def _transient(
     run: RunSummary, steps: pd.DataFrame, arr: Arrivals, step_culprit: pd.Series
 ) -> list[Finding]:
     """Windows of consecutive steps with one slow last arriver."""
-    compute = steps.pivot_table(index="step", columns="rank", values="compute_ns")
-    culprit = step_culprit.reindex(compute.index)
+    step_no, rank_no, compute = _compute_matrix(steps)
+    culprit = step_culprit.reindex(step_no)
     known = culprit.notna().to_numpy()
-    cols = compute.columns.get_indexer(culprit.fillna(-1).astype(int))
-    own = np.where(known & (cols >= 0), compute.to_numpy()[np.arange(len(cols)), cols], np.nan)
-    ratio = own / compute.median(axis=1).to_numpy()
+    cols = pd.Index(rank_no).get_indexer(culprit.fillna(-1).astype(int))
+    own = np.where(known & (cols >= 0), compute[np.arange(len(cols)), cols], np.nan)
+    with np.errstate(all="ignore"):
+        ratio = own / np.nanmedian(compute, axis=1) if compute.size else own
     flagged = ratio >= WARN_SLOWDOWN
     # runs of flagged steps with the same culprit, steps consecutive
-    step_no = compute.index.to_numpy()
     who = np.where(flagged, culprit.fillna(-1).to_numpy(), -1)
     breaks = np.r_[True, (who[1:] != who[:-1]) | (np.diff(step_no) != 1)]
-    run_id = np.cumsum(breaks)
-    runs = pd.DataFrame({"run": run_id, "who": who, "step": step_no, "ratio": ratio})
-    runs = (
-        runs[runs["who"] >= 0]
-        .groupby("run")
-        .agg(
-            rank=("who", "first"),
-            first=("step", "first"),
-            last=("step", "last"),
-            n=("step", "size"),
-            slowdown=("ratio", "median"),
-        )
+    starts = np.flatnonzero(breaks)
+    ends = np.r_[starts[1:], len(who)] - 1
+    culprit_runs = who[starts] >= 0
+    first, last = starts[culprit_runs], ends[culprit_runs]
+    runs = pd.DataFrame(
+        {
+            "rank": who[first],
+            "first": step_no[first],
+            "last": step_no[last],
+            "n": last - first + 1,
+            "slowdown": [np.median(ratio[a : b + 1]) for a, b in zip(first, last, strict=True)],
+        }
     )
     runs = runs[(runs["n"] >= WINDOW_STEPS) & (runs["slowdown"] >= WINDOW_SLOWDOWN)]
     findings = []
@@ -158,6 +158,21 @@ def _transient(
             _finding(run, window, arr, int(w.rank), float(w.slowdown), chronic=False, share=1.0)
         )
     return sorted(findings, key=lambda f: f.first_step or 0)
+
+
+def _compute_matrix(steps: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Compute ns by step (rows) and rank (columns), both sorted, NaN where a rank has none;
+    steps and ranks without any value left out (``pivot_table``'s mean, without its cost)."""
+    values = steps["compute_ns"].to_numpy(np.float64)
+    has = ~np.isnan(values)
+    step_no, row = np.unique(steps["step"].to_numpy()[has], return_inverse=True)
+    rank_no, col = np.unique(steps["rank"].to_numpy()[has], return_inverse=True)
+    total = np.zeros((len(step_no), len(rank_no)))
+    count = np.zeros((len(step_no), len(rank_no)))
+    np.add.at(total, (row, col), values[has])
+    np.add.at(count, (row, col), 1)
+    with np.errstate(invalid="ignore"):
+        return step_no, rank_no, total / count
 
 
 def _finding(
