@@ -175,6 +175,26 @@ def test_decoding_in_chunks_changes_nothing_and_odd_fields_are_tolerated(
     assert whole["steps"]["start_ns"].to_pylist() == [125, 1_000_125, 2_000_125]
 
 
+def test_a_step_without_a_category_is_a_step(tmp_path: Path) -> None:
+    doc = kb.trace(0, steps=3)
+    first = next(e for e in doc["traceEvents"] if str(e.get("name", "")).startswith("Profiler"))
+    del first["cat"]
+    tables = rank_tables(read_kineto(kb.write(tmp_path, "rank0.json", doc)))
+    assert tables["steps"].num_rows == 3 and tables["spans"].num_rows == 0
+
+
+def test_call_order_counts_each_groups_calls_as_groupby_does() -> None:
+    import numpy as np
+    import pandas as pd
+
+    from dtprof.trace.kineto_map import _calls_before
+
+    key = np.random.default_rng(2).integers(0, 7, 500)
+    expected = pd.Series(key).groupby(key).cumcount().to_numpy()
+    assert _calls_before(key).tolist() == expected.tolist()
+    assert _calls_before(np.zeros(0, np.int64)).tolist() == []
+
+
 def _read_whole(monkeypatch: pytest.MonkeyPatch, path: Path) -> dict[str, Any]:
     """rank_tables of the file read whole, the way taken where streaming cannot cut it."""
     with monkeypatch.context() as m:

@@ -15,7 +15,7 @@
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -135,26 +135,33 @@ def kernel_category(names: pa.Array, cats: pa.Array) -> np.ndarray:
     return out
 
 
-def _launch_times(kf: KinetoFile) -> tuple[np.ndarray, np.ndarray]:
-    """Per GPU event: its launch time and whether a launch with its correlation id exists."""
+class Launches(NamedTuple):
+    """Per GPU event, its CUDA launch (the runtime call with its correlation id)."""
+
+    found: np.ndarray  # whether there is one
+    ts_ns: np.ndarray  # its time; 0 where none
+    tid: np.ndarray  # its thread (meaningless where none)
+
+
+def gpu_launches(kf: KinetoFile) -> Launches:
+    """Each GPU event's launch, found by correlation id (one sort of the launches per file)."""
+    n = len(kf.gpu_correlation)
     order = np.argsort(kf.launch_correlation, kind="stable")
     corr = kf.launch_correlation[order]
-    pos = np.searchsorted(corr, kf.gpu_correlation)
-    pos_c = np.minimum(pos, max(len(corr) - 1, 0))
-    found = (
-        (len(corr) > 0) & (corr[pos_c] == kf.gpu_correlation)
-        if len(corr)
-        else (np.zeros(len(kf.gpu_correlation), bool))
-    )
-    ts = kf.launch_ts_ns[order][pos_c] if len(corr) else np.zeros(len(pos), np.int64)
-    return np.where(found, ts, 0), np.asarray(found, bool)
+    if not len(corr):
+        return Launches(np.zeros(n, bool), np.zeros(n, np.int64), np.full(n, -1, np.int64))
+    pos = np.minimum(np.searchsorted(corr, kf.gpu_correlation), len(corr) - 1)
+    found = np.asarray(corr[pos] == kf.gpu_correlation, bool)
+    ts = kf.launch_ts_ns[order][pos]
+    return Launches(found, np.where(found, ts, 0), kf.launch_tid[order][pos])
 
 
-def kernels_table(kf: KinetoFile, steps: pd.DataFrame) -> tuple[pa.Table, np.ndarray]:
+def kernels_table(
+    kf: KinetoFile, steps: pd.DataFrame, launches: Launches
+) -> tuple[pa.Table, np.ndarray]:
     """The kernels table, and each GPU event's category."""
     category = kernel_category(kf.gpu.name, kf.gpu_cat)
-    launch_ns, launched = _launch_times(kf)
-    step = pa.array(step_at(steps, launch_ns), pa.int64(), mask=~launched)
+    step = pa.array(step_at(steps, launches.ts_ns), pa.int64(), mask=~launches.found)
     table = _table(
         "kernels",
         {
@@ -197,28 +204,41 @@ def _size(args: Args) -> tuple[int, str | None]:
 ARG_COLUMNS = ("group", "seq", "op", "bytes", "dtype", "peer")  # collectives' columns from args
 
 
-def collectives_table(kf: KinetoFile, steps: pd.DataFrame, category: np.ndarray) -> pa.Table:
+def collectives_table(
+    kf: KinetoFile, steps: pd.DataFrame, category: np.ndarray, launches: Launches
+) -> pa.Table:
     """One row per collective call (rules in the module doc), seq from "Seq" or call order."""
     cpu = kf.cpu
     is_rpc = np.asarray(pc.equal(cpu.name, "record_param_comms").to_numpy(zero_copy_only=False))
     is_ann = _regex(cpu.name, COMM_ANNOTATION_RE)
     names = cpu.name.to_pylist() if (is_rpc | is_ann).any() else []
-    launches = _comm_launches(kf, category)
+    comm = _comm_launches(kf, category, launches)
     fields: dict[str, list[Any]] = {c: [] for c in ARG_COLUMNS}
     times: list[dict[str, np.ndarray]] = []
     for tid in np.unique(cpu.tid[is_rpc | is_ann]):
         on = cpu.tid == tid
-        kernels = _thread_kernels(launches, tid)
+        kernels = _thread_kernels(comm, tid)
         times.append(_thread_collectives(cpu, names, on & is_rpc, on & is_ann, kernels, fields))
     if not fields["op"]:
         return TABLES["collectives"].schema.empty_table()
     df = _collectives_frame(fields, times).sort_values("start_ns", kind="stable", ignore_index=True)
     df["step"] = step_at(steps, df["cpu_ns"].to_numpy())
-    counted = df.groupby(["group", df["peer"].notna()]).cumcount()
+    # call order: the calls before each one in its group, collectives and p2p counted apart
+    group = pd.factorize(df["group"])[0] * 2 + df["peer"].notna().to_numpy()
     seq_from = b"trace" if df["seq"].notna().all() else b"call order"
-    df["seq"] = df["seq"].fillna(counted).astype(np.int64)
+    df["seq"] = df["seq"].fillna(pd.Series(_calls_before(group), index=df.index)).astype(np.int64)
     table = _table("collectives", {c: df[c] for c in TABLES["collectives"].column_names})
     return table.replace_schema_metadata({SEQ_FROM: seq_from})
+
+
+def _calls_before(key: np.ndarray) -> np.ndarray:
+    """For each row, how many rows before it have the same key (groupby's cumcount)."""
+    order = np.argsort(key, kind="stable")
+    first = np.flatnonzero(np.r_[True, np.diff(key[order]) != 0])
+    counts = np.diff(np.r_[first, len(key)])
+    out = np.empty(len(key), np.int64)
+    out[order] = np.arange(len(key)) - np.repeat(first, counts)
+    return out
 
 
 def _collectives_frame(
@@ -239,20 +259,12 @@ def _collectives_frame(
     )
 
 
-def _launch_tids(kf: KinetoFile) -> np.ndarray:
-    order = np.argsort(kf.launch_correlation, kind="stable")
-    corr = kf.launch_correlation[order]
-    if not len(corr):
-        return np.full(len(kf.gpu_correlation), -1, np.int64)
-    pos = np.minimum(np.searchsorted(corr, kf.gpu_correlation), len(corr) - 1)
-    return kf.launch_tid[order][pos]
-
-
-def _comm_launches(kf: KinetoFile, category: np.ndarray) -> tuple[np.ndarray, ...]:
+def _comm_launches(
+    kf: KinetoFile, category: np.ndarray, launches: Launches
+) -> tuple[np.ndarray, ...]:
     """Communication kernels with a known launch: (launch tid, launch ns, start ns, end ns)."""
-    launch_ns, launched = _launch_times(kf)
-    lk = np.flatnonzero((category == "communication") & launched)
-    return _launch_tids(kf)[lk], launch_ns[lk], kf.gpu.ts_ns[lk], kf.gpu.end_ns[lk]
+    lk = np.flatnonzero((category == "communication") & launches.found)
+    return launches.tid[lk], launches.ts_ns[lk], kf.gpu.ts_ns[lk], kf.gpu.end_ns[lk]
 
 
 def _thread_kernels(launches: tuple[np.ndarray, ...], tid: int) -> tuple[np.ndarray, ...]:
@@ -280,20 +292,25 @@ def _thread_collectives(
     child, outside = _nest(cpu, rpc, ann)
     events = np.concatenate([rpc, outside])
     on_gpu, k_start, k_end = _kernel_spans(kernels, cpu.ts_ns[events], cpu.end_ns[events])
+    rpc_args = [cpu.args[r] or NO_ARGS for r in rpc.tolist()]
     keep = np.ones(len(events), bool)
-    launched = on_gpu.tolist()
-    for j, r in enumerate(rpc.tolist()):
-        args = cpu.args[r] or NO_ARGS
-        a = child.get(j)
+    # a bookkeeping record_param_comms names no collective, holds no annotation, launches none
+    keep[: len(rpc)] = [bool(args.collective_name) for args in rpc_args]
+    keep[list(child)] = True
+    keep |= on_gpu
+    ops, own, sizes = [], [], []  # each collective's name, args, and the args of its size
+    for j in np.flatnonzero(keep[: len(rpc)]).tolist():
+        args, a = rpc_args[j], child.get(j)
         named = args.collective_name
-        if not named and a is None and not launched[j]:
-            keep[j] = False  # a bookkeeping record_param_comms: no collective named or launched
-            continue
-        op = _normal_op(str(named) if named else names[a] if a is not None else "unknown")
+        ops.append(str(named) if named else names[a] if a is not None else "unknown")
+        own.append(args)
         sized = args.in_msg_nelems is not None or a is None
-        _add_args(fields, op, args, args if sized else cpu.args[a] or NO_ARGS)
+        sizes.append(args if sized else cpu.args[a] or NO_ARGS)
     for a in outside.tolist():
-        _add_args(fields, _normal_op(names[a]), NO_ARGS, cpu.args[a] or NO_ARGS)
+        ops.append(names[a])
+        own.append(NO_ARGS)
+        sizes.append(cpu.args[a] or NO_ARGS)
+    _add_args(fields, ops, own, sizes)
     events, on_gpu = events[keep], on_gpu[keep]
     return {
         "cpu_ns": cpu.ts_ns[events],
@@ -350,20 +367,27 @@ def _reduce_ranges(
     return ufunc.reduceat(padded, bounds)[::2]
 
 
-def _add_args(fields: dict[str, list[Any]], op: str, args: Args, size_args: Args) -> None:
-    """Append one collective's columns read from its args: group, seq, op, size and peer (a
+def _add_args(
+    fields: dict[str, list[Any]], names: list[str], args: list[Args], size_args: list[Args]
+) -> None:
+    """Append the collectives' columns read from their args: group, seq, op, size and peer (a
     null key counts as a missing one)."""
-    nbytes, dtype = _size(size_args)
-    seq = args.seq_ if args.seq_ is not None else args.seq
-    group = args.process_group_name
-    if group is None:
-        group = args.pg_name if args.pg_name is not None else "0"
-    fields["group"].append(str(group))
-    fields["seq"].append(seq if isinstance(seq, int) else None)
-    fields["op"].append(op)
-    fields["bytes"].append(nbytes)
-    fields["dtype"].append(dtype)
-    fields["peer"].append(-1 if op in P2P_OPS else None)
+    ops = [_normal_op(name) for name in names]
+    sized = [_size(a) for a in size_args]
+    seqs = [a.seq_ if a.seq_ is not None else a.seq for a in args]
+    fields["group"] += [
+        str(a.process_group_name)
+        if a.process_group_name is not None
+        else str(a.pg_name)
+        if a.pg_name is not None
+        else "0"
+        for a in args
+    ]
+    fields["seq"] += [seq if isinstance(seq, int) else None for seq in seqs]
+    fields["op"] += ops
+    fields["bytes"] += [nbytes for nbytes, _ in sized]
+    fields["dtype"] += [dtype for _, dtype in sized]
+    fields["peer"] += [-1 if op in P2P_OPS else None for op in ops]
 
 
 def samples_table(kf: KinetoFile, steps: pd.DataFrame) -> pa.Table:
@@ -396,7 +420,8 @@ def samples_table(kf: KinetoFile, steps: pd.DataFrame) -> pa.Table:
 def spans_table(kf: KinetoFile, steps: pd.DataFrame) -> pa.Table:
     """User annotations other than steps and communication: regions at depth 0."""
     cpu = kf.cpu
-    keep = np.asarray(pc.equal(kf.cpu_cat, "user_annotation").to_numpy(zero_copy_only=False))
+    annotation = pc.fill_null(pc.equal(kf.cpu_cat, "user_annotation"), False)  # null: no cat
+    keep = np.asarray(annotation.to_numpy(zero_copy_only=False), bool)
     keep &= ~_regex(cpu.name, STEP_RE) & ~_regex(cpu.name, COMM_ANNOTATION_RE)
     idx = np.flatnonzero(keep)
     return _table(
@@ -440,12 +465,13 @@ SEQ_FROM = b"dtprof.seq_from"  # collectives' schema metadata: "trace" or "call 
 def rank_tables(kf: KinetoFile) -> dict[str, pa.Table]:
     """Every dtprof table of one Kineto file, times as written (ns, relative to base_ns)."""
     steps = _steps(kf)
-    kernels, category = kernels_table(kf, steps)
+    launches = gpu_launches(kf)
+    kernels, category = kernels_table(kf, steps, launches)
     tables = {name: t.schema.empty_table() for name, t in TABLES.items()}
     tables.update(
         steps=_table("steps", {c: steps[c] for c in steps.columns}),
         kernels=kernels,
-        collectives=collectives_table(kf, steps, category),
+        collectives=collectives_table(kf, steps, category, launches),
         samples=samples_table(kf, steps),
         spans=spans_table(kf, steps),
         groups=groups_table(kf),
