@@ -281,6 +281,18 @@ def ranks_without_trace(run: RunSummary, ranks: Sequence[int] | None = None) -> 
     return sorted(wanted - set(run.ranks))
 
 
+def _all_empty_alike(frames: list[pd.DataFrame]) -> bool:
+    """Whether the frames are all empty, with the same columns of the same dtypes (none of them
+    categorical, whose categories a concatenation would merge): their concatenation is any of
+    them, got without touching a column."""
+    first = frames[0]
+    return (
+        all(f.empty for f in frames)
+        and not any(isinstance(t, pd.CategoricalDtype) for t in first.dtypes)
+        and all(f.columns.equals(first.columns) and f.dtypes.equals(first.dtypes) for f in frames)
+    )
+
+
 def _concat_column(parts: list[pd.Series]) -> Any:
     """One column of every rank's frame, concatenated at the array level where it can be."""
     dtype = parts[0].dtype
@@ -334,6 +346,8 @@ def combine(summaries: Sequence[RankSummary | RunSummary]) -> RunSummary:
         frames = [getattr(s, name) for s in summaries]
         if not frames:
             return pd.DataFrame()
+        if _all_empty_alike(frames):  # e.g. the scalars and events of profiler traces
+            return frames[0].copy()
         # column by column, on the arrays: one column's copy at a time, no per-frame overhead
         columns = {col: _concat_column([f[col] for f in frames]) for col in frames[0]}
         return pd.DataFrame(columns, copy=False)  # no consolidating copy into 2-D blocks
