@@ -16,7 +16,10 @@
    over the child and all its descendants (both tools use worker processes), of resident memory
    (RSS: pages shared between them, the libraries and what a forked worker inherits, count once
    in each) and of proportional memory (PSS: shared pages split between their users), sampled
-   every 20 ms.
+   every 20 ms. Sampling takes about a quarter of a CPU (reading ``smaps_rollup`` walks the
+   page tables of the process it reads, under its memory map's lock), so every command runs
+   twice in turn: timed alone, then with its memory sampled. The times come from the first
+   run, the peaks from the second.
 4. Prints a table of medians with the ratios, and both tools' figures for rank 0.
 """
 
@@ -28,12 +31,14 @@ import gzip
 import json
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -120,8 +125,21 @@ def _memory(pids: list[int]) -> tuple[int, int]:
 Run = tuple[float, float, int, int]  # wall s, CPU s, peak RSS bytes, peak PSS bytes
 
 
-def measure(cmd: list[str], env: dict[str, str]) -> tuple[Run, str]:
-    """((wall, CPU, peak RSS, peak PSS) of the process tree, stdout) of one command."""
+def measure(
+    cmd: list[str], env: dict[str, str], before: Callable[[], None] = lambda: None
+) -> tuple[Run, str]:
+    """((wall, CPU, peak RSS, peak PSS) of the process tree, stdout) of one command: run once
+    timed, then, after ``before()`` again, once with its memory sampled."""
+    before()
+    (wall, cpu), out = _run(cmd, env, sampled=False)
+    before()
+    (rss, pss), _ = _run(cmd, env, sampled=True)
+    return (wall, cpu, int(rss), int(pss)), out
+
+
+def _run(cmd: list[str], env: dict[str, str], sampled: bool) -> tuple[tuple[float, float], str]:
+    """(wall s, CPU s) or, sampled, (peak RSS, peak PSS bytes) of one run of a command; its
+    stdout."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
@@ -136,16 +154,18 @@ def measure(cmd: list[str], env: dict[str, str]) -> tuple[Run, str]:
             time.sleep(0.02)
 
     sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
+    if sampled:
+        sampler.start()
     out, _ = proc.communicate()
     wall = time.perf_counter() - started
     done.set()
-    sampler.join()
+    if sampled:
+        sampler.join()
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = sum(getattr(after, k) - getattr(before, k) for k in ("ru_utime", "ru_stime"))
     if proc.returncode not in (0, 1):
         raise SystemExit(f"{' '.join(cmd)} failed with exit code {proc.returncode}")
-    return (wall, cpu, peak_rss, peak_pss), out.decode()
+    return ((peak_rss, peak_pss) if sampled else (wall, cpu)), out.decode()
 
 
 def main() -> None:
@@ -180,8 +200,7 @@ def main() -> None:
             run, out = measure([str(hta_python), "-c", HTA_SCRIPT, str(folder)], env)
             figures["HTA 0.5.0"] = json.loads(out.strip().splitlines()[-1])
             runs.setdefault("HTA 0.5.0", []).append(run)
-            subprocess.run(["rm", "-rf", str(cache)], check=True)
-            run, out = measure(dtprof_cmd, env)
+            run, out = measure(dtprof_cmd, env, before=lambda: shutil.rmtree(cache, True))
             runs.setdefault("dtprof analyze, cold", []).append(run)
             run, out = measure(dtprof_cmd, env)
             runs.setdefault("dtprof analyze, warm", []).append(run)
