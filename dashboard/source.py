@@ -15,16 +15,17 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from dashboard.held import Held, extend, fresh, moved_clock, rebase
 from dashboard.measures import precompute
 from dashboard.rows import RowCache, Rows
 from dashboard.rundata import RunData, empty, samples_frame, steps_only
-from dtprof.analysis import map_ranks
+from dtprof.analysis import PROCESSES_FROM, map_ranks
 from dtprof.analysis.checks import CHECKS
 from dtprof.analysis.report import Finding
-from dtprof.analysis.summarize import RunSummary, combine, ranks_without_trace
+from dtprof.analysis.summarize import RunSummary, combine, per_folder, ranks_without_trace
 from dtprof.errors import DtprofError
 from dtprof.trace.follow import Delta, TraceFollower
 
@@ -78,8 +79,9 @@ class LiveSource:
     """A trace that may still grow: polled every ``poll_s`` seconds by a daemon thread.
 
     It keeps each rank's summary and samples (dashboard.held), not its rows: the first full
-    read summarizes every rank in worker processes (from 32 ranks, as ``dtprof analyze``
-    does), later polls summarize each rank's new rows alone and append them.
+    read summarizes every rank as ``dtprof analyze`` does (beside this process, in a process
+    pool from 32 ranks; here alone when the folders hold little), later polls summarize each
+    rank's new rows alone and append them.
     """
 
     mode = "live"
@@ -150,7 +152,10 @@ class LiveSource:
             (r, str(self.follower.ranks[r].folder), self.meta[r], self.inflight.get(r, []))
             for r in ranks
         ]
-        read = map_ranks(fresh, jobs, name=lambda job: job[1])  # named by the rank's folder
+        if len(jobs) >= PROCESSES_FROM:
+            read = map_ranks(fresh, jobs, name=lambda job: job[1])  # named by the rank's folder
+        else:  # beside this process, as dtprof analyze reads them: threads would take turns
+            read = per_folder(fresh, jobs, [Path(job[1]) for job in jobs])
         for (rank, *_), (held, cursors, nbytes) in zip(jobs, read, strict=True):
             self.follower.adopt(rank, cursors, nbytes)
             old = self.held.get(rank)
