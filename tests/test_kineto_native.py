@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
 import os
 import random
@@ -182,6 +183,35 @@ def test_a_kind_field_repeated_after_the_args_is_read_as_the_python_reader_reads
     assert native.gpu_stream.tolist() == [3, 3, 3, 5, 6, 7]  # 7: no stream, the tid
 
 
+def test_gzipped_files_are_inflated_here_or_given_back_as_the_python_reader_reads_them(
+    tmp_path: Path,
+) -> None:
+    library, _ = kineto_native.load()
+    if library is None or not library.inflates:
+        pytest.skip("the native reader was built without zlib: Python inflates")
+    text = json.dumps(kb.trace(0, steps=2)).encode()
+    packed = gzip.compress(text)
+    half = len(text) // 2
+    cases = {
+        "whole": (packed, None),
+        "two members": (gzip.compress(text[:half]) + gzip.compress(text[half:]), None),
+        "cut short": (packed[:-20], "gzip: cut short"),
+        "corrupted": (packed[:40] + bytes(b ^ 0xFF for b in packed[40:60]) + packed[60:], "gzip:"),
+        "bad length": (packed[:-4] + b"\0\0\0\0", "gzip: corrupted"),
+        "garbage after": (packed + b"junk", "gzip: something after its last member"),
+    }
+    for name, (data, gives_back) in cases.items():
+        path = tmp_path / f"{name.replace(' ', '_')}.json.gz"
+        path.write_bytes(data)
+        native, python = both(path)
+        if gives_back is None:
+            assert isinstance(native, KinetoFile) and isinstance(python, KinetoFile), name
+            assert_same(native, python)
+        else:
+            assert isinstance(native, str) and native.startswith(gives_back), (name, native)
+            assert isinstance(python, str) and str(path) in python, (name, python)
+
+
 def test_random_damage_never_makes_it_read_otherwise_than_the_python_reader(
     tmp_path: Path,
 ) -> None:
@@ -244,6 +274,26 @@ def test_off_switch_and_a_failed_build_fall_back_to_python(
         kineto_native.forget()
         assert kineto_native.read(path) == why  # the failure is kept: no second try
         assert read_kineto(path).reader == "python"
+    finally:
+        kineto_native.forget()
+
+
+def test_built_without_zlib_it_scans_what_python_inflates(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cxx = tmp_path / "cxx"  # a compiler with no zlib to link
+    cxx.write_text('#!/bin/sh\nfor a in "$@"; do [ "$a" = -lz ] && exit 1; done\nexec c++ "$@"\n')
+    cxx.chmod(0o755)
+    path = kb.write(tmp_path, "rank0.json.gz", kb.trace(0, steps=2))
+    try:
+        monkeypatch.setenv("CXX", str(cxx))
+        monkeypatch.setenv("DTPROF_NATIVE_DIR", str(tmp_path / "native"))
+        kineto_native.forget()
+        library, why = kineto_native.load()
+        assert library is not None and not library.inflates, why
+        native, python = both(path)
+        assert isinstance(native, KinetoFile) and isinstance(python, KinetoFile)
+        assert_same(native, python)
     finally:
         kineto_native.forget()
 

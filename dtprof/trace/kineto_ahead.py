@@ -86,6 +86,7 @@ def open_library(path: Path) -> ctypes.CDLL:
     lib.dtprof_kineto_scan.restype = ctypes.c_void_p
     lib.dtprof_kineto_scan_file.argtypes = [ctypes.c_char_p]
     lib.dtprof_kineto_scan_file.restype = ctypes.c_void_p
+    lib.dtprof_kineto_inflates.argtypes = []
     lib.dtprof_kineto_status.argtypes = [ctypes.c_void_p]
     lib.dtprof_kineto_why.argtypes = [ctypes.c_void_p]
     lib.dtprof_kineto_why.restype = ctypes.c_char_p

@@ -5,7 +5,8 @@ with no Python object per event and without holding the GIL, about ten times as 
 Python reader. It takes only what it reads with certainty and gives anything else back: the
 Python reader then reads that file, or says what is wrong with it.
 
-It needs no torch, only a C++17 compiler (``$CXX``, else ``c++``, ``g++`` or ``clang++``). The
+It needs no torch, only a C++17 compiler (``$CXX``, else ``c++``, ``g++`` or ``clang++``), and
+inflates gzipped traces itself where zlib is there to link (else Python inflates them). The
 first import of profiler traces builds it into dtprof's cache (about 2 s, once per version of
 its source); ``dtprof build-native`` builds it ahead. Where the build fails, the failure is
 kept beside it and the Python reader is used without trying again until the source changes.
@@ -53,7 +54,12 @@ def build(verbose: bool = False) -> Path:
     tmp = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}")
     cmd = [cxx, "-O2", "-std=c++17", "-shared", "-fPIC", "-o", str(tmp), str(SOURCE)]
     try:
-        done = subprocess.run(cmd, capture_output=not verbose, text=True, check=False)
+        # with zlib, gzipped traces are inflated natively too; without it (no zlib.h or
+        # libz.so), the Python reader inflates them and the scan reads the text
+        done = subprocess.run([*cmd, "-lz"], capture_output=not verbose, text=True, check=False)
+        if done.returncode != 0:
+            cmd.insert(1, "-DDTPROF_NO_ZLIB")
+            done = subprocess.run(cmd, capture_output=not verbose, text=True, check=False)
     except OSError as exc:
         raise DtprofError(f"{SOURCE}: cannot run the compiler {cxx} ({exc.strerror})") from None
     if done.returncode != 0 or not tmp.is_file():
@@ -123,6 +129,7 @@ class Library:
 
     def __init__(self, lib: ctypes.CDLL) -> None:
         self.lib = lib
+        self.inflates = bool(lib.dtprof_kineto_inflates())  # gzipped files, with zlib
 
     def scan(self, address: int, length: int) -> tuple[dict[str, np.ndarray], int] | str:
         """(columns copied out, events) of the JSON text at address, or why it gave it back."""

@@ -14,6 +14,10 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#if !defined(DTPROF_NO_ZLIB) && __has_include(<zlib.h>)
+#include <zlib.h>
+#define DTPROF_ZLIB 1  // gzipped files inflated here (the build links -lz)
+#endif
 
 #include <charconv>
 #ifdef __SSE2__
@@ -27,6 +31,8 @@
 #include <string>
 #include <string_view>
 #include <vector>
+
+extern "C" void* dtprof_kineto_scan(const char* text, int64_t length, int release);
 
 namespace {
 
@@ -727,6 +733,77 @@ void* given_back(const char* why) {
   return r;
 }
 
+#ifdef DTPROF_ZLIB
+// Anonymous pages for an inflated text: page-aligned, so that the scan drops them as it goes,
+// as it does a file's mapping.
+struct Pages {
+  char* data = nullptr;
+  size_t size = 0;
+  ~Pages() {
+    if (data) munmap(data, size);
+  }
+  bool grow(size_t want, size_t used) {
+    void* p = mmap(nullptr, want, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return false;
+    if (data) {
+      std::memcpy(p, data, used);
+      munmap(data, size);
+    }
+    data = static_cast<char*>(p);
+    size = want;
+    return true;
+  }
+};
+
+// Inflate a gzipped file (every member, as Python's gzip.decompress does; zlib checks each
+// one's CRC and length) into anonymous pages sized by its trailer, then scan the text. What
+// is not a clean gzip stream is given back: the Python reader says what is wrong with it.
+void* scan_gzipped(int fd, size_t size) {
+  std::string packed(size, '\0');
+  for (size_t got = 0; got < size;) {
+    ssize_t n = pread(fd, &packed[got], size - got, static_cast<off_t>(got));
+    if (n <= 0) return given_back(n < 0 ? std::strerror(errno) : "gzip: file shrank");
+    got += static_cast<size_t>(n);
+  }
+  uint32_t trailer = 0;  // the last member's length mod 2^32: the usual whole length
+  if (size >= 4) std::memcpy(&trailer, packed.data() + size - 4, 4);
+  Pages text;
+  if (!text.grow(static_cast<size_t>(trailer) + 4096, 0)) return given_back(std::strerror(errno));
+  z_stream z{};
+  if (inflateInit2(&z, 16 + MAX_WBITS) != Z_OK) return given_back("gzip: zlib failed to start");
+  z.next_in = reinterpret_cast<Bytef*>(&packed[0]);
+  z.avail_in = static_cast<uInt>(size);  // < 4 GiB of gzip: larger files are given back
+  size_t used = 0;
+  const char* why = nullptr;
+  if (size > std::numeric_limits<uInt>::max()) why = "gzip: over 4 GiB";
+  while (!why) {
+    if (used == text.size && !text.grow(text.size * 2, used)) why = "gzip: out of memory";
+    if (why) break;
+    size_t room = std::min(text.size - used, static_cast<size_t>(std::numeric_limits<uInt>::max()));
+    z.next_out = reinterpret_cast<Bytef*>(text.data + used);
+    z.avail_out = static_cast<uInt>(room);
+    int rc = inflate(&z, Z_NO_FLUSH);
+    used += room - z.avail_out;
+    if (rc == Z_STREAM_END) {
+      if (z.avail_in == 0) break;  // the last member
+      if (z.avail_in < 2 || z.next_in[0] != 0x1f || z.next_in[1] != 0x8b) {
+        why = "gzip: something after its last member";
+      } else if (inflateReset(&z) != Z_OK) {
+        why = "gzip: zlib failed to go on";
+      }
+    } else if (rc != Z_OK && !(rc == Z_BUF_ERROR && z.avail_out == 0)) {
+      why = rc == Z_BUF_ERROR ? "gzip: cut short" : "gzip: corrupted";
+    } else if (z.avail_in == 0 && z.avail_out > 0) {
+      why = "gzip: cut short";
+    }
+  }
+  inflateEnd(&z);
+  if (why) return given_back(why);
+  std::string().swap(packed);
+  return dtprof_kineto_scan(text.data, static_cast<int64_t>(used), 1);
+}
+#endif
+
 }  // namespace
 
 extern "C" {
@@ -751,8 +828,9 @@ void* dtprof_kineto_scan(const char* text, int64_t length, int release) {
 }
 
 // Scan one trace file: mapped read-only, its pages dropped once scanned (they stay in the page
-// cache). Status 2 for a gzipped file, which the caller inflates and scans as text; status 1,
-// with the reason, for one that cannot be opened, mapped or read with certainty.
+// cache). A gzipped file is inflated first (built without zlib: status 2, for the caller to
+// inflate and scan as text). Status 1, with the reason, for one that cannot be opened, mapped,
+// inflated or read with certainty.
 void* dtprof_kineto_scan_file(const char* path) {
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) return given_back(std::strerror(errno));
@@ -764,10 +842,16 @@ void* dtprof_kineto_scan_file(const char* path) {
   }
   unsigned char magic[2] = {0, 0};
   if (st.st_size >= 2 && pread(fd, magic, 2, 0) == 2 && magic[0] == 0x1f && magic[1] == 0x8b) {
+#ifdef DTPROF_ZLIB
+    void* r = scan_gzipped(fd, static_cast<size_t>(st.st_size));
+    close(fd);
+    return r;
+#else
     close(fd);
     auto* r = static_cast<Result*>(given_back("gzip"));
     r->status = 2;
     return r;
+#endif
   }
   void* text = mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
   close(fd);
@@ -775,6 +859,15 @@ void* dtprof_kineto_scan_file(const char* path) {
   void* r = dtprof_kineto_scan(static_cast<const char*>(text), st.st_size, 1);
   munmap(text, static_cast<size_t>(st.st_size));
   return r;
+}
+
+// Whether this build inflates gzipped files itself (else their scans say status 2).
+int dtprof_kineto_inflates() {
+#ifdef DTPROF_ZLIB
+  return 1;
+#else
+  return 0;
+#endif
 }
 
 int dtprof_kineto_status(void* result) { return static_cast<Result*>(result)->status; }
