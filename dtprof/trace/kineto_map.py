@@ -91,16 +91,14 @@ def _steps(kf: KinetoFile) -> pd.DataFrame:
     number = pc.struct_field(found, [0])
     mask = np.asarray(pc.is_valid(number).to_numpy(zero_copy_only=False))
     idx = np.flatnonzero(mask)
-    steps = pd.DataFrame(
-        {
-            "step": pc.cast(number.filter(pa.array(mask)), pa.int64()).to_numpy(),
-            "start_ns": cpu.ts_ns[idx],
-            "end_ns": cpu.end_ns[idx],
-        }
-    )
-    steps = steps.groupby("step", as_index=False).agg(
-        start_ns=("start_ns", "min"), end_ns=("end_ns", "max")
-    )
+    numbers = pc.cast(number.filter(pa.array(mask)), pa.int64()).to_numpy()
+    # a step's annotations (one a thread, as a rule) span from the first start to the last end
+    step, each = np.unique(numbers, return_inverse=True)
+    start = np.full(len(step), np.iinfo(np.int64).max)
+    end = np.full(len(step), np.iinfo(np.int64).min)
+    np.minimum.at(start, each, cpu.ts_ns[idx])
+    np.maximum.at(end, each, cpu.end_ns[idx])
+    steps = pd.DataFrame({"step": step, "start_ns": start, "end_ns": end})
     return steps.sort_values("start_ns", ignore_index=True)
 
 
