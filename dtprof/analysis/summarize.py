@@ -200,12 +200,14 @@ def _last_span(spans: pd.DataFrame, gpu_phases: pd.DataFrame | None) -> pd.DataF
 
 def _per_step(phases: pd.DataFrame, steps: pd.DataFrame, names: tuple[str, ...]) -> np.ndarray:
     """Each step's total ns in the named phases; NaN for a step with none of them."""
-    chosen = phases[phases["name"].isin(names)]
+    mask = phases["name"].isin(names).to_numpy(bool)
+    step = phases["step"].array[mask].to_numpy()  # the columns' own arrays: no filtered frame
     keys, inverse = np.unique(steps["step"].to_numpy(), return_inverse=True)
-    at = np.searchsorted(keys, chosen["step"].to_numpy())
+    at = np.searchsorted(keys, step)
     known = at < len(keys)
-    known[known] = keys[at[known]] == chosen["step"].to_numpy()[known]
-    ns = (chosen["end_ns"] - chosen["start_ns"]).to_numpy(np.float64)[known]
+    known[known] = keys[at[known]] == step[known]
+    ns = (phases["end_ns"].array[mask] - phases["start_ns"].array[mask]).to_numpy(np.float64)
+    ns = ns[known]
     total = np.bincount(at[known], weights=ns, minlength=len(keys))
     seen = np.bincount(at[known], minlength=len(keys)) > 0
     return np.where(seen, total, np.nan)[inverse]
