@@ -86,6 +86,8 @@ def run_beside(
     # A forked worker inherits this process's garbage: collected there, an object such as a
     # torch process group runs a destructor that waits for threads the worker does not have,
     # and the worker hangs. Objects frozen when a worker forks are never collected in it.
+    # (Frozen already, by the command's imports: they stay so after.)
+    frozen_before = gc.get_freeze_count() > 0
     gc.freeze()
     try:
         with ProcessPoolExecutor(extra, initializer=_share_claims, initargs=(claims,)) as pool:
@@ -107,7 +109,8 @@ def run_beside(
                     if ran:  # else taken back by this process
                         done(i, result)
     finally:
-        gc.unfreeze()
+        if not frozen_before:
+            gc.unfreeze()
 
 
 _claims: Any = None  # in a worker: the claims of run_beside's items, shared with the others

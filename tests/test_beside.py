@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import threading
@@ -11,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from dtprof import beside
+from dtprof import beside, cli
 from dtprof.errors import DtprofError
 
 
@@ -98,3 +99,31 @@ def test_a_worker_that_dies_is_one_error_naming_its_item(tmp_path: Path) -> None
     names = ["first.json", "second.json"]  # the second, taken back, is read here
     with pytest.raises(DtprofError, match=r"^first\.json: a worker process died while reading"):
         beside.run_beside(_die_in_a_worker, items, lambda i, r: None, name=names.__getitem__)
+
+
+def _square(i: int) -> int:
+    return i * i
+
+
+@pytest.mark.usefixtures("two_cpus")
+def test_objects_frozen_before_stay_frozen_and_its_own_freeze_is_undone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Workers fork with every object frozen; a freeze made before (a command's imports, see
+    dtprof.cli) outlives the run, and the run's own one does not."""
+    got: dict[int, int] = {}
+    gc.unfreeze()
+    beside.run_beside(_square, [1, 2, 3], got.__setitem__)
+    assert got == {0: 1, 1: 4, 2: 9} and gc.get_freeze_count() == 0
+    with cli._importing():  # not the command's own process: nothing frozen
+        pass
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    monkeypatch.setattr(cli, "_OWN_PROCESS", True)
+    try:
+        with cli._importing():
+            assert not gc.isenabled()
+        assert gc.isenabled() and gc.get_freeze_count() > 0
+        beside.run_beside(_square, [1, 2, 3], got.__setitem__)
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
