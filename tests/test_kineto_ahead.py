@@ -138,7 +138,9 @@ def test_the_importer_keeps_files_scanned_ahead_for_its_own_process(
     take = ahead.take
     monkeypatch.setattr(ahead, "take", lambda path: taken.append(path) or take(path))
     metas = import_kineto(folder, tmp_path / "ahead")
-    assert ahead._scanned == {} and {os.path.abspath(p) for p in taken} == scanned
+    # every file scanned ahead was taken here; this process may also have taken back a file
+    # still waiting for the worker (on a busy machine), which it then scans itself
+    assert ahead._scanned == {} and scanned <= {os.path.abspath(p) for p in taken}
     assert [m for m, _ in metas] == [m for m, _ in plain]
 
 
