@@ -759,6 +759,7 @@ struct Pages {
 // one's CRC and length) into anonymous pages sized by its trailer, then scan the text. What
 // is not a clean gzip stream is given back: the Python reader says what is wrong with it.
 void* scan_gzipped(int fd, size_t size) {
+  if (size > std::numeric_limits<uInt>::max()) return given_back("gzip: over 4 GiB");
   std::string packed(size, '\0');
   for (size_t got = 0; got < size;) {
     ssize_t n = pread(fd, &packed[got], size - got, static_cast<off_t>(got));
@@ -772,13 +773,14 @@ void* scan_gzipped(int fd, size_t size) {
   z_stream z{};
   if (inflateInit2(&z, 16 + MAX_WBITS) != Z_OK) return given_back("gzip: zlib failed to start");
   z.next_in = reinterpret_cast<Bytef*>(&packed[0]);
-  z.avail_in = static_cast<uInt>(size);  // < 4 GiB of gzip: larger files are given back
+  z.avail_in = static_cast<uInt>(size);
   size_t used = 0;
   const char* why = nullptr;
-  if (size > std::numeric_limits<uInt>::max()) why = "gzip: over 4 GiB";
   while (!why) {
-    if (used == text.size && !text.grow(text.size * 2, used)) why = "gzip: out of memory";
-    if (why) break;
+    if (used == text.size && !text.grow(text.size * 2, used)) {
+      why = "gzip: out of memory";
+      break;
+    }
     size_t room = std::min(text.size - used, static_cast<size_t>(std::numeric_limits<uInt>::max()));
     z.next_out = reinterpret_cast<Bytef*>(text.data + used);
     z.avail_out = static_cast<uInt>(room);
