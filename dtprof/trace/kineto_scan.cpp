@@ -97,11 +97,21 @@ struct Str {
   std::string_view s;
 };
 
+// s == word, for a literal word: lengths first, then a fixed-size compare the compiler inlines.
+template <size_t N>
+inline bool is(std::string_view s, const char (&word)[N]) {
+  return s.size() == N - 1 && std::memcmp(s.data(), word, N - 1) == 0;
+}
+
+template <size_t N>
+inline bool starts(std::string_view s, const char (&word)[N]) {
+  return s.size() >= N - 1 && std::memcmp(s.data(), word, N - 1) == 0;
+}
+
 // ProfilerStep#N with optional whitespace (re.ASCII \s) around '#', and at least one digit.
 bool is_step(std::string_view n) {
-  static constexpr std::string_view kPrefix = "ProfilerStep";
-  if (n.substr(0, kPrefix.size()) != kPrefix) return false;
-  size_t i = kPrefix.size();
+  if (!starts(n, "ProfilerStep")) return false;
+  size_t i = sizeof("ProfilerStep") - 1;
   auto space = [](char c) { return c == ' ' || (c >= '\t' && c <= '\r'); };
   while (i < n.size() && space(n[i])) ++i;
   if (i >= n.size() || n[i] != '#') return false;
@@ -111,15 +121,8 @@ bool is_step(std::string_view n) {
 }
 
 bool is_comm_annotation(std::string_view n) {
-  for (std::string_view p : {"nccl:", "gloo:", "mpi:", "ucc:", "xccl:"})
-    if (n.substr(0, p.size()) == p) return true;
-  return false;
-}
-
-bool one_of(std::string_view s, std::initializer_list<std::string_view> set) {
-  for (auto x : set)
-    if (s == x) return true;
-  return false;
+  return starts(n, "nccl:") || starts(n, "gloo:") || starts(n, "mpi:") || starts(n, "ucc:") ||
+         starts(n, "xccl:");
 }
 
 enum Key { kOther, kPh, kCat, kName, kPid, kTid, kTs, kDur, kArgs };
@@ -127,18 +130,18 @@ enum Key { kOther, kPh, kCat, kName, kPid, kTid, kTs, kDur, kArgs };
 Key event_key(std::string_view k) {
   switch (k.size()) {
     case 2:
-      if (k == "ph") return kPh;
-      if (k == "ts") return kTs;
+      if (is(k, "ph")) return kPh;
+      if (is(k, "ts")) return kTs;
       break;
     case 3:
-      if (k == "cat") return kCat;
-      if (k == "pid") return kPid;
-      if (k == "tid") return kTid;
-      if (k == "dur") return kDur;
+      if (is(k, "cat")) return kCat;
+      if (is(k, "pid")) return kPid;
+      if (is(k, "tid")) return kTid;
+      if (is(k, "dur")) return kDur;
       break;
     case 4:
-      if (k == "name") return kName;
-      if (k == "args") return kArgs;
+      if (is(k, "name")) return kName;
+      if (is(k, "args")) return kArgs;
       break;
   }
   return kOther;
@@ -146,6 +149,22 @@ Key event_key(std::string_view k) {
 
 enum Kind : unsigned { kGpu = 1, kLaunch = 2, kCpu = 4, kComm = 8, kMemory = 16 };
 constexpr unsigned kArgsRead = kGpu | kLaunch | kMemory;  // the groups that read args keys
+
+// The group an X event's category puts it in: kGpu, kLaunch or 0 (by length first).
+unsigned category_kind(std::string_view c) {
+  bool gpu = false, launch = false;
+  switch (c.size()) {
+    case 6:
+      gpu = is(c, "kernel") || is(c, "Kernel") || is(c, "Memcpy") || is(c, "Memset");
+      launch = is(c, "Driver");
+      break;
+    case 7: launch = is(c, "Runtime"); break;
+    case 10: gpu = is(c, "gpu_memcpy") || is(c, "gpu_memset"); break;
+    case 11: launch = is(c, "cuda_driver"); break;
+    case 12: launch = is(c, "cuda_runtime"); break;
+  }
+  return gpu ? kGpu : launch ? kLaunch : 0u;
+}
 
 class Scanner {
  public:
@@ -209,15 +228,49 @@ class Scanner {
     p_ = q;
   }
 
+  // The usual separators, "c" or "c ", then a non-space: passed at once (false: not so).
+  __attribute__((always_inline)) bool sep(char c) {
+    if (end_ - p_ < 3 || p_[0] != c) return false;
+    auto solid = [](char x) { return static_cast<unsigned char>(x) > ' '; };
+    if (solid(p_[1])) {
+      p_ += 1;
+      return true;
+    }
+    if (p_[1] == ' ' && solid(p_[2])) {
+      p_ += 2;
+      return true;
+    }
+    return false;
+  }
+
   void expect(char c) {
     if (p_ >= end_ || *p_ != c) fail("invalid JSON");
     ++p_;
   }
 
   // A string's content: a view into the text, or its unescaped copy in scratch. Valid UTF-8.
-  std::string_view string(std::string& scratch) { return string_impl<true>(scratch); }
+  std::string_view string(std::string& scratch) { return any_string<true>(scratch); }
 
-  void skip_string() { string_impl<false>(key_scratch_); }
+  void skip_string() { any_string<false>(key_scratch_); }
+
+  // Short plain strings (most keys and values) are read here, the rest by string_impl.
+  template <bool kKeep>
+  __attribute__((always_inline)) std::string_view any_string(std::string& scratch) {
+#ifdef __SSE2__
+    if (end_ - p_ > 16 && *p_ == '"') {
+      int stop = plain_mask(p_ + 1);
+      if (stop) {
+        int n = __builtin_ctz(static_cast<unsigned>(stop));
+        if (p_[1 + n] == '"') {
+          const char* start = p_ + 1;
+          p_ = start + n + 1;
+          return std::string_view(start, static_cast<size_t>(n));
+        }
+      }
+    }
+#endif
+    return string_impl<kKeep>(scratch);
+  }
 
   template <bool kKeep>
   std::string_view string_impl(std::string& scratch) {
@@ -270,17 +323,25 @@ class Scanner {
     }
   }
 
+#ifdef __SSE2__
+  // Of the 16 bytes at p, those a plain ASCII run stops at: '"', backslash, control or
+  // non-ASCII (a bit each).
+  static int plain_mask(const char* p) {
+    const __m128i quote = _mm_set1_epi8('"'), backslash = _mm_set1_epi8('\\');
+    const __m128i space = _mm_set1_epi8(0x20);
+    __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    // signed compare: bytes below 0x20 and those from 0x80 (negative) both stop
+    __m128i stop = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmpeq_epi8(v, backslash)),
+                                _mm_cmpgt_epi8(space, v));
+    return _mm_movemask_epi8(stop);
+  }
+#endif
+
   // Past plain ASCII: the first '"', backslash, control or non-ASCII byte, or end.
   static const char* plain_ascii(const char* p, const char* end) {
 #ifdef __SSE2__
-    const __m128i quote = _mm_set1_epi8('"'), backslash = _mm_set1_epi8('\\');
-    const __m128i space = _mm_set1_epi8(0x20);
     while (end - p >= 16) {
-      __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-      // signed compare: bytes below 0x20 and those from 0x80 (negative) both stop
-      __m128i stop = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmpeq_epi8(v, backslash)),
-                                  _mm_cmpgt_epi8(space, v));
-      int mask = _mm_movemask_epi8(stop);
+      int mask = plain_mask(p);
       if (mask) return p + __builtin_ctz(static_cast<unsigned>(mask));
       p += 16;
     }
@@ -365,6 +426,27 @@ class Scanner {
     }
   }
 
+  // Whether the 8 bytes at q are all ASCII digits, and if so their value (in one go: the
+  // usual SWAR reduction of digit pairs, then quads, then the eight).
+  static bool eight_digits(const char* q, uint64_t& value) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    uint64_t w;
+    std::memcpy(&w, q, 8);
+    constexpr uint64_t kHigh = 0xF0F0F0F0F0F0F0F0ull;
+    if (((w & kHigh) | (((w + 0x0606060606060606ull) & kHigh) >> 4)) != 0x3333333333333333ull)
+      return false;
+    w -= 0x3030303030303030ull;
+    w = (w * 10 + (w >> 8)) & 0x00FF00FF00FF00FFull;        // 4 pairs, first digit high
+    w = (w * 100 + (w >> 16)) & 0x0000FFFF0000FFFFull;      // 2 quads
+    value = (w * 10000 + (w >> 32)) & 0xFFFFFFFFull;         // the eight
+    return true;
+#else
+    (void)q;
+    (void)value;
+    return false;
+#endif
+  }
+
   // A JSON number (its grammar checked), p_ past it: integers exactly while they fit int64.
   // The digits are read through a local pointer: a loop that advanced the member p_ would
   // store it back at every digit.
@@ -382,6 +464,11 @@ class Scanner {
     if (q < end && *q == '0') {
       ++q;
     } else if (digit()) {
+      uint64_t eight;
+      while (end - q >= 8 && eight_digits(q, eight)) {
+        magnitude = magnitude * 100000000u + eight;  // wraps only past 19 digits (not fits)
+        q += 8;
+      }
       while (digit()) magnitude = magnitude * 10 + static_cast<unsigned>(*q++ - '0');
     } else {
       p_ = q;
@@ -419,6 +506,34 @@ class Scanner {
     auto r = std::from_chars(start, p_, n.d);
     if (r.ec != std::errc() || r.ptr != p_ || !std::isfinite(n.d)) fail("number out of range");
     return n;
+  }
+
+  // Past a JSON number at p_, its grammar checked, nothing converted.
+  void skip_number() {
+    const char* q = p_;
+    const char* const end = end_;
+    auto digit = [&] { return q < end && static_cast<unsigned char>(*q - '0') < 10; };
+    if (q < end && *q == '-') ++q;
+    if (q < end && *q == '0') {
+      ++q;
+    } else if (digit()) {
+      while (digit()) ++q;
+    } else {
+      p_ = q;
+      fail("invalid JSON");
+    }
+    if (q < end && *q == '.') {
+      ++q;
+      if (!digit()) { p_ = q; fail("invalid number"); }
+      while (digit()) ++q;
+    }
+    if (q < end && (*q == 'e' || *q == 'E')) {
+      ++q;
+      if (q < end && (*q == '+' || *q == '-')) ++q;
+      if (!digit()) { p_ = q; fail("invalid number"); }
+      while (digit()) ++q;
+    }
+    p_ = q;
   }
 
   // A value read as a number: numbers, null; anything else is odd (and skipped).
@@ -468,6 +583,7 @@ class Scanner {
     }
     while (true) {
       item();
+      if (sep(',')) continue;
       ws();
       if (peek() == ',') {
         ++p_;
@@ -485,9 +601,11 @@ class Scanner {
   void members(Member&& member) {
     items('{', '}', [&] {
       std::string_view key = string(key_scratch_);
-      ws();
-      expect(':');
-      ws();
+      if (!sep(':')) {
+        ws();
+        expect(':');
+        ws();
+      }
       member(key);
     });
   }
@@ -504,7 +622,13 @@ class Scanner {
     if (c == '"') {
       skip_string();
     } else if (c == '{') {
-      members([&](std::string_view) { skip(depth + 1); });
+      items('{', '}', [&] {
+        skip_string();
+        ws();
+        expect(':');
+        ws();
+        skip(depth + 1);
+      });
     } else if (c == '[') {
       elements([&] { skip(depth + 1); });
     } else if (c == 't') {
@@ -514,7 +638,7 @@ class Scanner {
     } else if (c == 'n') {
       literal("null");
     } else {
-      number_value();
+      skip_number();
     }
   }
 
@@ -535,12 +659,12 @@ class Scanner {
   Args args_here() {
     Args a;
     members([&](std::string_view key) {
-      if (key == "stream") a.stream = number();
-      else if (key == "correlation") a.correlation = number();
-      else if (key == "bytes") a.bytes = number();
-      else if (key == "Device Type") a.device_type = number();
-      else if (key == "Total Allocated") a.total_allocated = number();
-      else if (key == "Total Reserved") a.total_reserved = number();
+      if (is(key, "stream")) a.stream = number();
+      else if (is(key, "correlation")) a.correlation = number();
+      else if (is(key, "bytes")) a.bytes = number();
+      else if (is(key, "Device Type")) a.device_type = number();
+      else if (is(key, "Total Allocated")) a.total_allocated = number();
+      else if (is(key, "Total Reserved")) a.total_reserved = number();
       else skip(2);
     });
     return a;
@@ -558,22 +682,15 @@ class Scanner {
 
   // Which groups an event belongs to, by its ph, cat and name (0: none).
   static unsigned kind_of(const Str& ph, const Str& cat, const Str& name) {
-    if (!ph.present) return 0;
-    unsigned kind = 0;
+    if (!ph.present || ph.s.size() != 1) return 0;
     std::string_view n = name.present ? name.s : std::string_view();
-    if (ph.s == "i") {
-      kind = n == "[memory]" ? static_cast<unsigned>(kMemory) : 0u;
-    } else if (ph.s == "X") {
-      if (cat.present && one_of(cat.s, {"kernel", "gpu_memcpy", "gpu_memset", "Kernel", "Memcpy",
-                                        "Memset"}))
-        kind = kGpu;
-      else if (cat.present && one_of(cat.s, {"cuda_runtime", "cuda_driver", "Runtime", "Driver"}))
-        kind = kLaunch;
-      if (name.present && (n == "record_param_comms" || is_comm_annotation(n)))
-        kind |= kCpu | kComm;
-      else if ((cat.present && cat.s == "user_annotation") || (name.present && is_step(n)))
-        kind |= kCpu;
-    }
+    if (ph.s[0] == 'i') return is(n, "[memory]") ? static_cast<unsigned>(kMemory) : 0u;
+    if (ph.s[0] != 'X') return 0;
+    unsigned kind = cat.present ? category_kind(cat.s) : 0u;
+    if (name.present && (is(n, "record_param_comms") || is_comm_annotation(n)))
+      kind |= kCpu | kComm;
+    else if ((cat.present && is(cat.s, "user_annotation")) || (name.present && is_step(n)))
+      kind |= kCpu;
     return kind;
   }
 
