@@ -5,6 +5,8 @@ from __future__ import annotations
 import gc
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -127,3 +129,38 @@ def test_objects_frozen_before_stay_frozen_and_its_own_freeze_is_undone(
         assert gc.get_freeze_count() > 0
     finally:
         gc.unfreeze()
+
+
+_COUNT_NUMPY_THREADS = """
+import os
+from dtprof import cli
+cli._OWN_PROCESS = True
+before = len(os.listdir("/proc/self/task"))
+with cli._importing():
+    import numpy
+print(len(os.listdir("/proc/self/task")) - before, os.environ.get("OPENBLAS_NUM_THREADS"))
+"""
+
+
+@pytest.mark.skipif(
+    not os.path.isdir("/proc/self/task") or (os.cpu_count() or 1) < 2,
+    reason="counts a process's threads in /proc; OpenBLAS starts none on one CPU",
+)
+@pytest.mark.parametrize(("user_sets", "printed"), [(None, "0 None"), ("1", "0 1")])
+def test_the_command_loads_numpy_without_blas_threads_and_passes_no_setting_on(
+    user_sets: str | None, printed: str
+) -> None:
+    """OpenBLAS would start a spinning thread per further CPU; the setting that stops it does
+    not outlive the import, and one the user made is theirs."""
+    env = {k: v for k, v in os.environ.items() if k not in cli.BLAS_THREAD_VARIABLES}
+    if user_sets is not None:
+        env["OPENBLAS_NUM_THREADS"] = user_sets
+    out = subprocess.run(
+        [sys.executable, "-c", _COUNT_NUMPY_THREADS],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    assert out.stdout.split() == printed.split(), out.stderr
