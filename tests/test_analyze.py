@@ -638,3 +638,61 @@ def test_the_straggler_compute_matrix_is_the_pivot_table_of_the_steps() -> None:
     assert step_no.tolist() == pivot.index.tolist() and 7 not in step_no
     assert rank_no.tolist() == pivot.columns.tolist() == [0, 1, 3]
     assert np.array_equal(compute, pivot.to_numpy(), equal_nan=True)
+
+
+def test_the_per_rank_summary_is_the_groupby_median_of_the_steps() -> None:
+    import pandas as pd
+
+    from dtprof.analysis import _summary
+    from dtprof.analysis.summarize import RunSummary
+
+    rng = np.random.default_rng(11)
+    n = 200
+    steps = pd.DataFrame({"rank": rng.integers(0, 5, n).astype(np.int32), "step": np.arange(n)})
+    steps["step_ns"] = rng.integers(1, 10**9, n)
+    for name in ("compute_ns", "data_ns"):
+        steps[name] = rng.random(n) * 1e8
+        steps.loc[rng.random(n) < 0.3, name] = np.nan
+    steps.loc[steps["rank"] == 3, "data_ns"] = np.nan  # a rank without any: no median
+    run = RunSummary(**{f: pd.DataFrame() for f in _RUN_FRAMES}, ranks=[], meta={}, steps=steps)
+    per = steps.groupby("rank").agg(
+        n=("step", "size"), step=("step_ns", "median"), compute=("compute_ns", "median"),
+        data=("data_ns", "median"),
+    )  # fmt: skip
+    got = _summary(run)
+    assert [r["rank"] for r in got["ranks"]] == per.index.tolist() == [0, 1, 2, 3, 4]
+    for row, (_, want) in zip(got["ranks"], per.iterrows(), strict=True):
+        assert row["steps"] == want["n"]
+        for name in ("step", "compute", "data"):
+            expected = None if pd.isna(want[name]) else round(want[name] / 1e6, 3)
+            assert row[f"{name}_ms"] == expected
+        other = want["step"] - np.nan_to_num(want["compute"]) - np.nan_to_num(want["data"])
+        assert row["other_ms"] == round(other / 1e6, 3)
+    assert got["median_step_ms"] == round(per["step"].median() / 1e6, 3)
+
+
+_RUN_FRAMES = (
+    "phases", "actions", "collectives", "scalars", "fingerprints", "memory", "events",
+    "inflight", "last_span", "groups",
+)  # fmt: skip
+
+
+def test_memory_growth_takes_first_middle_and_last_as_pandas_does() -> None:
+    import pandas as pd
+
+    from dtprof.analysis.checks.memory_growth import _first_mid_last
+
+    rng = np.random.default_rng(3)
+    n = 300
+    rows = pd.DataFrame({"rank": rng.integers(0, 6, n).astype(np.int32), "value": rng.random(n)})
+    rows.loc[rng.random(n) < 0.3, "value"] = np.nan
+    rows.loc[rows["rank"] == 4, "value"] = np.nan  # none known: NaN first and last
+    rows.loc[rows.index[rows["rank"] == 0][:2], "value"] = np.nan  # first known: the third
+    rows.loc[rows.index[rows["rank"] == 1][-1:], "value"] = np.nan  # last known: the one before
+    first, mid, last = _first_mid_last(rows)
+    g = rows.groupby("rank")["value"]
+    middle = g.apply(lambda v: v.iloc[len(v) // 2])
+    for got, want in ((first, g.first()), (mid, middle), (last, g.last())):
+        assert got.index.tolist() == want.index.tolist() == [0, 1, 2, 3, 4, 5]
+        assert np.array_equal(got.to_numpy(), want.to_numpy(), equal_nan=True)
+    assert np.isnan(first[4]) and np.isnan(last[4])

@@ -8,6 +8,9 @@ not a leak). Warning.
 
 from __future__ import annotations
 
+import numpy as np
+import pandas as pd
+
 from dtprof.analysis.checks.straggler import warmup_steps
 from dtprof.analysis.report import Finding
 from dtprof.analysis.summarize import RunSummary
@@ -24,11 +27,7 @@ def check(run: RunSummary) -> list[Finding]:
     mem = mem[mem["step"] >= warmup_steps(mem["step"])].sort_values("step")
     findings = []
     for metric, rows in mem.groupby("metric"):
-        g = rows.groupby("rank")["value"]
-        first, last = g.first(), g.last()
-        mid = rows.groupby("rank").apply(
-            lambda r: r["value"].iloc[len(r) // 2], include_groups=False
-        )
+        first, mid, last = _first_mid_last(rows)
         growth = last - first
         leaking = (
             (growth >= MIN_GROWTH * first)
@@ -65,3 +64,28 @@ def check(run: RunSummary) -> list[Finding]:
             )
         )
     return findings
+
+
+def _first_mid_last(rows: pd.DataFrame) -> tuple[pd.Series, pd.Series, pd.Series]:
+    """Per rank (the index, sorted), in the rows' order: the first value that is not NaN, the
+    value of the middle row (``len // 2``) and the last value that is not NaN, as pandas'
+    groupby first, iloc and last take them. A stable sort keeps the rows' order within a rank;
+    a groupby apply took half a millisecond a rank."""
+    rank = rows["rank"].to_numpy()
+    order = np.argsort(rank, kind="stable")
+    rank = rank[order]
+    value = rows["value"].to_numpy(np.float64, na_value=np.nan)[order]
+    ranks, starts, counts = np.unique(rank, return_index=True, return_counts=True)
+    first, last = np.full(len(ranks), np.nan), np.full(len(ranks), np.nan)
+    known = ~np.isnan(value)
+    if known.any():
+        some, at, n = np.unique(rank[known], return_index=True, return_counts=True)
+        where = np.searchsorted(ranks, some)
+        first[where] = value[known][at]
+        last[where] = value[known][at + n - 1]
+    index = pd.Index(ranks, name="rank")
+    return (
+        pd.Series(first, index, name="value"),
+        pd.Series(value[starts + counts // 2], index, name="value"),
+        pd.Series(last, index, name="value"),
+    )
