@@ -159,8 +159,8 @@ def summarize_frames(
     # the compute phases of the kernels come after the spans' own (the spans' order): they are
     # thousands of rows (imported traces), so they join the spans only where they must
     phases = spans[spans["kind"] == "phase"]
-    if gpu_phases is not None:
-        phases = pd.concat([phases, gpu_phases], ignore_index=True)
+    if gpu_phases is not None:  # profiler traces have no phase spans: no concatenation then
+        phases = gpu_phases if phases.empty else pd.concat([phases, gpu_phases], ignore_index=True)
     steps["compute_ns"] = _per_step(phases, steps, COMPUTE_PHASES)
     steps["data_ns"] = _per_step(phases, steps, ("data",))
     return RankSummary(
