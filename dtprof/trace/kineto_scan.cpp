@@ -449,7 +449,8 @@ class Scanner {
 
   // A JSON number (its grammar checked), p_ past it: integers exactly while they fit int64.
   // The digits are read through a local pointer: a loop that advanced the member p_ would
-  // store it back at every digit.
+  // store it back at every digit. kConvert false: a number skipped, its grammar checked only.
+  template <bool kConvert = true>
   Num number_value() {
     Num n;
     n.present = true;
@@ -463,6 +464,12 @@ class Scanner {
     const char* digits = q;
     if (q < end && *q == '0') {
       ++q;
+    } else if (!kConvert) {
+      if (!digit()) {
+        p_ = q;
+        fail("invalid JSON");
+      }
+      while (digit()) ++q;
     } else if (digit()) {
       uint64_t eight;
       while (end - q >= 8 && eight_digits(q, eight)) {
@@ -496,6 +503,7 @@ class Scanner {
       while (digit()) ++q;
     }
     p_ = q;
+    if constexpr (!kConvert) return n;
     constexpr uint64_t kMax = static_cast<uint64_t>(INT64_MAX);
     if (n.integral && fits && magnitude <= kMax + (negative ? 1 : 0)) {
       n.i = negative ? static_cast<int64_t>(0 - magnitude) : static_cast<int64_t>(magnitude);
@@ -506,34 +514,6 @@ class Scanner {
     auto r = std::from_chars(start, p_, n.d);
     if (r.ec != std::errc() || r.ptr != p_ || !std::isfinite(n.d)) fail("number out of range");
     return n;
-  }
-
-  // Past a JSON number at p_, its grammar checked, nothing converted.
-  void skip_number() {
-    const char* q = p_;
-    const char* const end = end_;
-    auto digit = [&] { return q < end && static_cast<unsigned char>(*q - '0') < 10; };
-    if (q < end && *q == '-') ++q;
-    if (q < end && *q == '0') {
-      ++q;
-    } else if (digit()) {
-      while (digit()) ++q;
-    } else {
-      p_ = q;
-      fail("invalid JSON");
-    }
-    if (q < end && *q == '.') {
-      ++q;
-      if (!digit()) { p_ = q; fail("invalid number"); }
-      while (digit()) ++q;
-    }
-    if (q < end && (*q == 'e' || *q == 'E')) {
-      ++q;
-      if (q < end && (*q == '+' || *q == '-')) ++q;
-      if (!digit()) { p_ = q; fail("invalid number"); }
-      while (digit()) ++q;
-    }
-    p_ = q;
   }
 
   // A value read as a number: numbers, null; anything else is odd (and skipped).
@@ -622,13 +602,7 @@ class Scanner {
     if (c == '"') {
       skip_string();
     } else if (c == '{') {
-      items('{', '}', [&] {
-        skip_string();
-        ws();
-        expect(':');
-        ws();
-        skip(depth + 1);
-      });
+      members([&](std::string_view) { skip(depth + 1); });
     } else if (c == '[') {
       elements([&] { skip(depth + 1); });
     } else if (c == 't') {
@@ -638,7 +612,7 @@ class Scanner {
     } else if (c == 'n') {
       literal("null");
     } else {
-      skip_number();
+      number_value<false>();
     }
   }
 
