@@ -156,10 +156,10 @@ def summarize_frames(
     steps["step_ns"] = steps["end_ns"] - steps["start_ns"]
     kernels = _frame(folder, "kernels", rank, params, ("category",), KERNEL_COLUMNS)
     gpu_phases, gpu = kernel_figures(rank, kernels, steps) if not kernels.empty else (None, None)
-    # the compute phases of the kernels come after the spans' own (the spans' order): they are
-    # thousands of rows (imported traces), so they join the spans only where they must
+    # the compute phases of the kernels come after the spans' own phases (the spans' order):
+    # thousands of rows (imported traces), joined to those only where there are any
     phases = spans[spans["kind"] == "phase"]
-    if gpu_phases is not None:  # profiler traces have no phase spans: no concatenation then
+    if gpu_phases is not None:
         phases = gpu_phases if phases.empty else pd.concat([phases, gpu_phases], ignore_index=True)
     steps["compute_ns"] = _per_step(phases, steps, COMPUTE_PHASES)
     steps["data_ns"] = _per_step(phases, steps, ("data",))
