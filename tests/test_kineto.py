@@ -101,6 +101,21 @@ def test_collectives_steps_and_memory_are_mapped(tmp_path: Path) -> None:
     assert mem["value"].tolist() == [2**20, 2**21, 3 * 2**20]
 
 
+def test_p2p_beside_collectives_is_counted_apart(tmp_path: Path) -> None:
+    """A pipeline stage's send among data-parallel all-reduces: peer is null for the
+    collectives and -1 (unknown) for the send, and each kind keeps its own call order."""
+    doc = kb.trace(0, steps=4)
+    rpc = [e for e in doc["traceEvents"] if e["name"] == "record_param_comms"]
+    ann = [e for e in doc["traceEvents"] if e["name"] == "nccl:allreduce"]
+    rpc[1]["args"]["Collective name"], ann[1]["name"] = "send", "nccl:send"
+    coll = rank_tables(read_kineto(kb.write(tmp_path, "rank0.json", doc)))["collectives"]
+    assert coll.column("op").to_pylist() == ["all_reduce", "send", "all_reduce", "all_reduce"]
+    assert coll.column("peer").to_pylist() == [None, -1, None, None]
+    assert coll.column("seq").to_pylist() == [0, 0, 1, 2]
+    assert coll.column("step").to_pylist() == [0, 1, 2, 3]
+    assert coll.schema.metadata == {b"dtprof.seq_from": b"call order"}
+
+
 def test_rank_from_file_name_then_file_order_with_a_warning(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

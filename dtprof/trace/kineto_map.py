@@ -219,13 +219,31 @@ def collectives_table(
         times.append(_thread_collectives(cpu, names, on & is_rpc, on & is_ann, kernels, fields))
     if not fields["op"]:
         return TABLES["collectives"].schema.empty_table()
-    df = _collectives_frame(fields, times).sort_values("start_ns", kind="stable", ignore_index=True)
-    df["step"] = step_at(steps, df["cpu_ns"].to_numpy())
+    joined = {key: np.concatenate([t[key] for t in times]) for key in times[0]}
+    order = np.argsort(joined["start_ns"], kind="stable")
+    rows = order.tolist()
+    group, seq, op, nbytes, dtype, peer = ([fields[c][i] for i in rows] for c in ARG_COLUMNS)
     # call order: the calls before each one in its group, collectives and p2p counted apart
-    group = pd.factorize(df["group"])[0] * 2 + df["peer"].notna().to_numpy()
-    seq_from = b"trace" if df["seq"].notna().all() else b"call order"
-    df["seq"] = df["seq"].fillna(pd.Series(_calls_before(group), index=df.index)).astype(np.int64)
-    table = _table("collectives", {c: df[c] for c in TABLES["collectives"].column_names})
+    codes: dict[str, int] = {}
+    pairs = zip(group, peer, strict=True)
+    key = np.array([codes.setdefault(g, len(codes)) * 2 + (p is not None) for g, p in pairs])
+    seq_from = b"trace" if None not in seq else b"call order"
+    before = _calls_before(key).tolist()
+    table = _table(
+        "collectives",
+        {
+            "step": step_at(steps, joined["cpu_ns"][order]),
+            "group": group,
+            "seq": [b if s is None else s for s, b in zip(seq, before, strict=True)],
+            "op": op,
+            "bytes": nbytes,
+            "dtype": dtype,
+            "peer": peer,
+            "start_ns": joined["start_ns"][order],
+            "end_ns": joined["end_ns"][order],
+            "label": np.where(joined["on_gpu"][order], "gpu", "cpu").astype(object),
+        },
+    )
     return table.replace_schema_metadata({SEQ_FROM: seq_from})
 
 
@@ -237,24 +255,6 @@ def _calls_before(key: np.ndarray) -> np.ndarray:
     out = np.empty(len(key), np.int64)
     out[order] = np.arange(len(key)) - np.repeat(first, counts)
     return out
-
-
-def _collectives_frame(
-    fields: dict[str, list[Any]], times: list[dict[str, np.ndarray]]
-) -> pd.DataFrame:
-    """The collectives in row order, from the args columns and each thread's times. Lists of
-    Python values go in as they are, so pandas infers the same dtypes as it does for rows."""
-    columns = {key: np.concatenate([t[key] for t in times]) for key in times[0]}
-    return pd.DataFrame(
-        {
-            **fields,
-            "cpu_ns": columns["cpu_ns"],
-            "start_ns": columns["start_ns"],
-            "end_ns": columns["end_ns"],
-            "async_op": [None] * len(fields["op"]),
-            "label": ["gpu" if g else "cpu" for g in columns["on_gpu"].tolist()],
-        }
-    )
 
 
 def _comm_launches(
