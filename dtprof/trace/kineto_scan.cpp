@@ -222,8 +222,27 @@ class Scanner {
 
   char peek() const { return p_ < end_ ? *p_ : '\0'; }
 
+  // Whitespace passed: none (compact JSON), or the profiler's line breaks and indents 16 bytes
+  // at a time (one compare per kind of space, instead of four a byte).
   void ws() {
     const char* q = p_;
+    if (q < end_ && static_cast<unsigned char>(*q) > ' ') return;
+#ifdef __SSE2__
+    while (end_ - q >= 16) {
+      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
+      const __m128i space = _mm_cmpeq_epi8(v, _mm_set1_epi8(' '));
+      const __m128i line = _mm_cmpeq_epi8(v, _mm_set1_epi8('\n'));
+      const __m128i ret = _mm_cmpeq_epi8(v, _mm_set1_epi8('\r'));
+      const __m128i tab = _mm_cmpeq_epi8(v, _mm_set1_epi8('\t'));
+      const __m128i blank = _mm_or_si128(_mm_or_si128(space, line), _mm_or_si128(ret, tab));
+      const unsigned solid = ~static_cast<unsigned>(_mm_movemask_epi8(blank)) & 0xFFFFu;
+      if (solid) {
+        p_ = q + __builtin_ctz(solid);
+        return;
+      }
+      q += 16;
+    }
+#endif
     while (q < end_ && (*q == ' ' || *q == '\n' || *q == '\r' || *q == '\t')) ++q;
     p_ = q;
   }
