@@ -132,7 +132,7 @@ class Library:
         self.inflates = bool(lib.dtprof_kineto_inflates())  # gzipped files, with zlib
 
     def scan(self, address: int, length: int) -> tuple[dict[str, np.ndarray], int] | str:
-        """(columns copied out, events) of the JSON text at address, or why it gave it back."""
+        """(columns, events) of the JSON text at address, or why it gave it back."""
         return self.result(self.lib.dtprof_kineto_scan(address, length, 0))
 
     def scan_file(self, path: Path) -> int:
@@ -147,25 +147,36 @@ class Library:
         return True
 
     def result(self, result: int) -> tuple[dict[str, np.ndarray], int] | str:
-        """(columns copied out, events) of a scan, or why it gave the text back; the scan is
-        freed. Scans run without the GIL (ctypes releases it), so other threads go on."""
+        """(columns, events) of a scan, or why it gave the text back (then freed at once).
+
+        The columns are views of the scan's own memory, not copies: it is freed when the last
+        array that views it goes. Scans run without the GIL (ctypes releases it), so other
+        threads go on."""
         lib = self.lib
-        try:
-            if lib.dtprof_kineto_status(result):
-                at = lib.dtprof_kineto_at(result)
-                why = (lib.dtprof_kineto_why(result) or b"").decode()
-                return why + (f" at byte {at}" if at >= 0 else "")
-            names = (ctypes.c_char_p * MAX_COLUMNS)()
-            data = (ctypes.c_void_p * MAX_COLUMNS)()
-            lengths = (ctypes.c_int64 * MAX_COLUMNS)()
-            n = lib.dtprof_kineto_columns(result, names, data, lengths, MAX_COLUMNS)
-            cols = {}
-            for i in range(n):
-                name = (names[i] or b"").decode()
-                cols[name] = _copy(data[i], lengths[i], _dtype(name))
-            return cols, int(lib.dtprof_kineto_events(result))
-        finally:
-            lib.dtprof_kineto_free(result)
+        owner = _Scan(lib, result)
+        if lib.dtprof_kineto_status(result):
+            at = lib.dtprof_kineto_at(result)
+            why = (lib.dtprof_kineto_why(result) or b"").decode()
+            return why + (f" at byte {at}" if at >= 0 else "")
+        names = (ctypes.c_char_p * MAX_COLUMNS)()
+        data = (ctypes.c_void_p * MAX_COLUMNS)()
+        lengths = (ctypes.c_int64 * MAX_COLUMNS)()
+        n = lib.dtprof_kineto_columns(result, names, data, lengths, MAX_COLUMNS)
+        cols = {}
+        for i in range(n):
+            name = (names[i] or b"").decode()
+            cols[name] = _view(owner, data[i], lengths[i], _dtype(name))
+        return cols, int(lib.dtprof_kineto_events(result))
+
+
+class _Scan:
+    """A scan's memory, freed with the last of the arrays that view it (they hold this)."""
+
+    def __init__(self, lib: ctypes.CDLL, result: int) -> None:
+        self.lib, self.result = lib, result
+
+    def __del__(self) -> None:
+        self.lib.dtprof_kineto_free(self.result)
 
 
 def _dtype(name: str) -> Any:
@@ -176,11 +187,13 @@ def _dtype(name: str) -> Any:
     return _DTYPES.get(name.rsplit("_", 1)[-1], np.int64)
 
 
-def _copy(address: int | None, length: int, dtype: Any) -> np.ndarray:
+def _view(owner: _Scan, address: int | None, length: int, dtype: Any) -> np.ndarray:
+    """The scan's column at address as an array, keeping the scan's memory while it lives."""
     if not length or not address:
         return np.empty(0, dtype)
-    size = length * np.dtype(dtype).itemsize
-    return np.frombuffer((ctypes.c_char * size).from_address(address), dtype).copy()
+    memory = (ctypes.c_char * (length * np.dtype(dtype).itemsize)).from_address(address)
+    memory.owner = owner  # type: ignore[attr-defined]
+    return np.frombuffer(memory, dtype)
 
 
 def strings(cols: dict[str, np.ndarray], name: str) -> pa.Array:
