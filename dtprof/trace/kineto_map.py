@@ -110,8 +110,12 @@ def step_at(steps: pd.DataFrame, ts_ns: np.ndarray) -> np.ndarray:
     return np.where(pos >= 0, steps["step"].to_numpy()[np.maximum(pos, 0)], -1)
 
 
+CATEGORIES = pa.array(["compute", "communication", "memory", "other"])  # the kernels' categories
+COMPUTE, COMMUNICATION, MEMORY, OTHER = range(4)  # their places in CATEGORIES
+
+
 def kernel_category(names: pa.Array, cats: pa.Array) -> np.ndarray:
-    """communication, memory, other or compute for each GPU event (rules in the module doc)."""
+    """Each GPU event's category, as its place in CATEGORIES (rules in the module doc)."""
     memcat = np.asarray(
         pc.is_in(cats, pa.array(["gpu_memcpy", "gpu_memset", "Memcpy", "Memset"])).to_numpy(
             zero_copy_only=False
@@ -120,16 +124,15 @@ def kernel_category(names: pa.Array, cats: pa.Array) -> np.ndarray:
     )
     coded = pc.dictionary_encode(names)  # the rules run once per distinct name
     distinct = coded.dictionary
-    by_name = np.full(len(distinct), "compute", dtype=object)
-    by_name[_matches(distinct, OTHER_KERNEL_RE)] = "other"  # names already distinct
-    by_name[_matches(distinct, MEMORY_KERNEL_RE)] = "memory"
-    by_name[_matches(distinct, COMM_KERNEL_RE)] = "communication"
+    by_name = np.full(len(distinct) + 1, COMPUTE, np.int8)  # the last: no name
+    by_name[:-1][_matches(distinct, OTHER_KERNEL_RE)] = OTHER  # names already distinct
+    by_name[:-1][_matches(distinct, MEMORY_KERNEL_RE)] = MEMORY
+    by_name[:-1][_matches(distinct, COMM_KERNEL_RE)] = COMMUNICATION
     indices = coded.indices
     if indices.null_count:
         indices = pc.fill_null(indices, len(distinct))
-        by_name = np.append(by_name, "compute")
     out = by_name[indices.to_numpy()]
-    out[memcat & (out != "communication")] = "memory"
+    out[memcat & (out != COMMUNICATION)] = MEMORY
     return out
 
 
@@ -167,7 +170,7 @@ def kernels_table(
             "device": kf.gpu.pid.astype(np.int32),
             "stream": kf.gpu_stream,
             "name": kf.gpu.name,
-            "category": category,
+            "category": CATEGORIES.take(pa.array(category)),
             "start_ns": kf.gpu.ts_ns,
             "end_ns": kf.gpu.end_ns,
             "correlation": kf.gpu_correlation,
@@ -261,7 +264,7 @@ def _comm_launches(
     kf: KinetoFile, category: np.ndarray, launches: Launches
 ) -> tuple[np.ndarray, ...]:
     """Communication kernels with a known launch: (launch tid, launch ns, start ns, end ns)."""
-    lk = np.flatnonzero((category == "communication") & launches.found)
+    lk = np.flatnonzero((category == COMMUNICATION) & launches.found)
     return launches.tid[lk], launches.ts_ns[lk], kf.gpu.ts_ns[lk], kf.gpu.end_ns[lk]
 
 
