@@ -400,22 +400,39 @@ def samples_table(kf: KinetoFile, steps: pd.DataFrame) -> pa.Table:
         return TABLES["samples"].schema.empty_table()
     order = np.argsort(kf.memory_ts_ns, kind="stable")
     ts = kf.memory_ts_ns[order]
-    cuda = (kf.memory_device_type[order] == 1).astype(np.int64)
-    groups, group = np.unique(step_at(steps, ts) * 2 + cuda, return_inverse=True)
-    last_ts = np.zeros(len(groups), np.int64)
-    last_ts[group] = ts  # in time order: the last assignment to each group stays
+    step = step_at(steps, ts)  # non-decreasing, as the times are
+    cuda = kf.memory_device_type[order] == 1
+    # each (step, device) is a run of its device's readings, which are in time order
+    devices = []
+    for on in (np.flatnonzero(~cuda), np.flatnonzero(cuda)):
+        device_step = step[on]
+        ends = _run_ends(device_step)  # each step's last reading
+        devices.append((on, device_step, device_step[ends], ts[on][ends]))
     parts = []
     for what, values in (
         ("allocated_bytes", kf.memory_allocated[order]),
         ("reserved_bytes", kf.memory_reserved[order]),
     ):
-        has = np.flatnonzero(~np.isnan(values))
-        found, last = np.unique(group[has][::-1], return_index=True)  # last reading with it
-        key = groups[found]
-        metric = np.where(key % 2 == 1, f"cuda_{what}", f"cpu_{what}").astype(object)
-        parts.append((key // 2, last_ts[found], metric, values[has][::-1][last]))
+        found = []
+        for on, device_step, run_step, run_ts in devices:
+            has = np.flatnonzero(~np.isnan(values[on]))
+            last = has[_run_ends(device_step[has])]  # each step's last reading with the value
+            at = np.searchsorted(run_step, device_step[last])
+            found.append((device_step[last], run_ts[at], values[on][last]))
+        key = np.concatenate([s * 2 + device for device, (s, _, _) in enumerate(found)])
+        rows = np.argsort(key, kind="stable")
+        metric = np.array([f"cpu_{what}", f"cuda_{what}"], object)[key[rows] % 2]
+        step_of, ts_of, value = (np.concatenate(c)[rows] for c in zip(*found, strict=True))
+        parts.append((step_of, ts_of, metric, value))
     step, ts_ns, metric, value = (np.concatenate(column) for column in zip(*parts, strict=True))
     return _table("samples", {"step": step, "ts_ns": ts_ns, "metric": metric, "value": value})
+
+
+def _run_ends(values: np.ndarray) -> np.ndarray:
+    """Where each run of equal values ends (its last index)."""
+    if not len(values):
+        return np.zeros(0, np.int64)
+    return np.flatnonzero(np.append(values[1:] != values[:-1], True))
 
 
 def spans_table(kf: KinetoFile, steps: pd.DataFrame) -> pa.Table:
