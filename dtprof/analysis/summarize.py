@@ -74,10 +74,14 @@ def _frame(
     params: dict[int, ClockParams],
     categories: tuple[str, ...] = (),
     columns: tuple[str, ...] | None = None,
+    where: tuple[str, list[str]] | None = None,
 ) -> pd.DataFrame:
-    """One table of this rank (only `columns`, if given); repeated strings in `categories`
-    become pandas categories."""
+    """One table of this rank (only `columns`, if given, and only the rows whose column
+    ``where[0]`` is one of ``where[1]``); repeated strings in `categories` become pandas
+    categories."""
     table = _table(folder, name)
+    if where is not None:
+        table = table.filter(pc.is_in(table.column(where[0]), pa.array(where[1])))
     if columns is not None:
         table = table.select(list(columns))
     for col in categories:
@@ -95,6 +99,9 @@ def summarize_rank(folder: str | Path) -> RankSummary:
 
 
 KERNEL_COLUMNS = ("step", "category", "start_ns", "end_ns")  # what dtprof.analysis.gpu reads
+# the samples the checks read (memory growth): their metric, and of them these columns
+MEMORY_METRICS = ("metric", ["rss_bytes", "cuda_allocated_bytes", "cuda_reserved_bytes"])
+MEMORY_COLUMNS = ("step", "metric", "value")
 BESIDE_FROM_BYTES = 1 << 20  # of the ranks' table files: below that, one process is quicker
 
 
@@ -179,7 +186,7 @@ def summarize_frames(
         ),
         scalars=_frame(folder, "scalars", rank, params),
         fingerprints=_frame(folder, "fingerprints", rank, params),
-        memory=_memory(_frame(folder, "samples", rank, params)),
+        memory=_frame(folder, "samples", rank, params, (), MEMORY_COLUMNS, MEMORY_METRICS),
         events=_frame(folder, "events", rank, params),
         inflight=inflight_frame([(rank, inflight_rows)], params),
         last_span=_last_span(spans, gpu_phases),
@@ -193,9 +200,10 @@ def _last_span(spans: pd.DataFrame, gpu_phases: pd.DataFrame | None) -> pd.DataF
     then the kernels' compute phases. Those are disjoint and in order, so their last ends last,
     and only it competes."""
     columns = ["rank", "step", "name", "kind", "end_ns"]
+    spans = spans[columns]
     if gpu_phases is not None:
-        spans = pd.concat([spans, gpu_phases.tail(1)], ignore_index=True)
-    return spans.sort_values("end_ns").tail(1)[columns]
+        spans = pd.concat([spans, gpu_phases.tail(1)[columns]], ignore_index=True)
+    return spans.sort_values("end_ns").tail(1)
 
 
 def _per_step(phases: pd.DataFrame, steps: pd.DataFrame, names: tuple[str, ...]) -> np.ndarray:
@@ -220,11 +228,6 @@ def _groups(table: pa.Table) -> pd.DataFrame:
             "size": pc.list_value_length(table.column("ranks")).to_numpy(zero_copy_only=False),
         }
     )
-
-
-def _memory(samples: pd.DataFrame) -> pd.DataFrame:
-    keep = samples["metric"].isin(["rss_bytes", "cuda_allocated_bytes", "cuda_reserved_bytes"])
-    return samples.loc[keep, ["rank", "step", "metric", "value"]].reset_index(drop=True)
 
 
 @dataclass(frozen=True)
