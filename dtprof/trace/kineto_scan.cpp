@@ -147,8 +147,15 @@ bool is_step(std::string_view n) {
 }
 
 bool is_comm_annotation(std::string_view n) {
-  return starts(n, "nccl:") || starts(n, "gloo:") || starts(n, "mpi:") || starts(n, "ucc:") ||
-         starts(n, "xccl:");
+  if (n.size() < 4) return false;
+  switch (n[0]) {  // most names start otherwise: one test for them
+    case 'n': return starts(n, "nccl:");
+    case 'g': return starts(n, "gloo:");
+    case 'm': return starts(n, "mpi:");
+    case 'u': return starts(n, "ucc:");
+    case 'x': return starts(n, "xccl:");
+    default: return false;
+  }
 }
 
 enum Key { kOther, kPh, kCat, kName, kPid, kTid, kTs, kDur, kArgs };
@@ -678,12 +685,18 @@ class Scanner {
   Args args_here() {
     Args a;
     members([&](std::string_view key) {
-      if (is(key, "stream")) a.stream = number();
-      else if (is(key, "correlation")) a.correlation = number();
-      else if (is(key, "bytes")) a.bytes = number();
-      else if (is(key, "Device Type")) a.device_type = number();
-      else if (is(key, "Total Allocated")) a.total_allocated = number();
-      else if (is(key, "Total Reserved")) a.total_reserved = number();
+      Num* field = nullptr;
+      switch (key.size()) {  // by length first: most keys are none of these
+        case 5: if (is(key, "bytes")) field = &a.bytes; break;
+        case 6: if (is(key, "stream")) field = &a.stream; break;
+        case 11:
+          if (is(key, "correlation")) field = &a.correlation;
+          else if (is(key, "Device Type")) field = &a.device_type;
+          break;
+        case 14: if (is(key, "Total Reserved")) field = &a.total_reserved; break;
+        case 15: if (is(key, "Total Allocated")) field = &a.total_allocated; break;
+      }
+      if (field) *field = number();
       else skip(2);
     });
     return a;
