@@ -99,6 +99,8 @@ def summarize_rank(folder: str | Path) -> RankSummary:
 
 
 KERNEL_COLUMNS = ("step", "category", "start_ns", "end_ns")  # what dtprof.analysis.gpu reads
+ACTION_COLUMNS = ["rank", "step", "stage", "microbatch", "name", "start_ns", "end_ns"]
+PHASE_COLUMNS = ["rank", "step", "name", "start_ns", "end_ns"]
 # the samples the checks read (memory growth): their metric, and of them these columns
 MEMORY_METRICS = ("metric", ["rss_bytes", "cuda_allocated_bytes", "cuda_reserved_bytes"])
 MEMORY_COLUMNS = ("step", "metric", "value")
@@ -163,24 +165,26 @@ def summarize_frames(
     steps["step_ns"] = steps["end_ns"] - steps["start_ns"]
     kernels = _frame(folder, "kernels", rank, params, ("category",), KERNEL_COLUMNS)
     gpu_phases, gpu = kernel_figures(rank, kernels, steps) if not kernels.empty else (None, None)
+    kind = spans["kind"].to_numpy()
     # the compute phases of the kernels come after the spans' own phases (the spans' order):
     # thousands of rows (imported traces), joined to those only where there are any
-    phases = spans[spans["kind"] == "phase"]
+    phases = spans[kind == "phase"]
+    kernels_alone = gpu_phases is not None and phases.empty  # every phase a compute phase
     if gpu_phases is not None:
         phases = gpu_phases if phases.empty else pd.concat([phases, gpu_phases], ignore_index=True)
-    steps["compute_ns"] = _per_step(phases, steps, COMPUTE_PHASES)
-    steps["data_ns"] = _per_step(phases, steps, ("data",))
+    if kernels_alone:
+        computing, loading = np.ones(len(phases), np.bool_), np.zeros(len(phases), np.bool_)
+    else:
+        computing = phases["name"].isin(COMPUTE_PHASES).to_numpy(bool)
+        loading = phases["name"].isin(("data",)).to_numpy(bool)
+    steps["compute_ns"] = _per_step(phases, steps, computing)
+    steps["data_ns"] = _per_step(phases, steps, loading)
     return RankSummary(
         rank=rank,
         meta=meta,
         steps=steps,
-        actions=spans.loc[
-            spans["kind"] == "pipeline",
-            ["rank", "step", "stage", "microbatch", "name", "start_ns", "end_ns"],
-        ].reset_index(drop=True),
-        phases=phases.loc[
-            phases["name"].isin(COMPUTE_PHASES), ["rank", "step", "name", "start_ns", "end_ns"]
-        ].reset_index(drop=True),
+        actions=spans.loc[kind == "pipeline", ACTION_COLUMNS].reset_index(drop=True),
+        phases=phases.loc[computing, PHASE_COLUMNS].reset_index(drop=True),
         collectives=_frame(folder, "collectives", rank, params, ("group", "op", "label")).drop(
             columns=["dtype", "async_op"]
         ),
@@ -206,9 +210,8 @@ def _last_span(spans: pd.DataFrame, gpu_phases: pd.DataFrame | None) -> pd.DataF
     return spans.sort_values("end_ns").tail(1)
 
 
-def _per_step(phases: pd.DataFrame, steps: pd.DataFrame, names: tuple[str, ...]) -> np.ndarray:
-    """Each step's total ns in the named phases; NaN for a step with none of them."""
-    mask = phases["name"].isin(names).to_numpy(bool)
+def _per_step(phases: pd.DataFrame, steps: pd.DataFrame, mask: np.ndarray) -> np.ndarray:
+    """Each step's total ns in the phases of the mask; NaN for a step with none of them."""
     step = phases["step"].array[mask].to_numpy()  # the columns' own arrays: no filtered frame
     keys, inverse = np.unique(steps["step"].to_numpy(), return_inverse=True)
     at = np.searchsorted(keys, step)
