@@ -101,6 +101,9 @@ def summarize_rank(folder: str | Path) -> RankSummary:
 KERNEL_COLUMNS = ("step", "category", "start_ns", "end_ns")  # what dtprof.analysis.gpu reads
 ACTION_COLUMNS = ["rank", "step", "stage", "microbatch", "name", "start_ns", "end_ns"]
 PHASE_COLUMNS = ["rank", "step", "name", "start_ns", "end_ns"]
+COLLECTIVE_COLUMNS = tuple(
+    c for c in TABLES["collectives"].column_names if c not in ("dtype", "async_op")
+)
 # the samples the checks read (memory growth): their metric, and of them these columns
 MEMORY_METRICS = ("metric", ["rss_bytes", "cuda_allocated_bytes", "cuda_reserved_bytes"])
 MEMORY_COLUMNS = ("step", "metric", "value")
@@ -185,8 +188,8 @@ def summarize_frames(
         steps=steps,
         actions=spans.loc[kind == "pipeline", ACTION_COLUMNS].reset_index(drop=True),
         phases=phases.loc[computing, PHASE_COLUMNS].reset_index(drop=True),
-        collectives=_frame(folder, "collectives", rank, params, ("group", "op", "label")).drop(
-            columns=["dtype", "async_op"]
+        collectives=_frame(
+            folder, "collectives", rank, params, ("group", "op", "label"), COLLECTIVE_COLUMNS
         ),
         scalars=_frame(folder, "scalars", rank, params),
         fingerprints=_frame(folder, "fingerprints", rank, params),
