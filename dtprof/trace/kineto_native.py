@@ -250,7 +250,7 @@ def read(path: Path) -> KinetoFile | str:
             cpu_ts + np.maximum(ns_from_us(cols["cpu_dur"]), 0),
             cols["cpu_pid"],
             cols["cpu_tid"],
-            args=_args(comm_args),
+            args=comm_args,
         ),
         cpu_cat=strings(cols, "cpu_cat"),
         memory_ts_ns=ns_from_us(cols["memory_ts"]),
@@ -262,18 +262,25 @@ def read(path: Path) -> KinetoFile | str:
     )
 
 
-def _args(texts: list[bytes | None]) -> list[Args | None]:
-    """The collectives' args records from their JSON texts (objects, as the scan checked), in
-    one decode: one at a time, the calls cost as much as the decoding."""
-    present = [t for t in texts if t is not None]
-    if not present:
-        return [None] * len(texts)
-    records = iter(_ARGS.decode(b"[" + b",".join(present) + b"]"))
-    return [None if t is None else next(records) for t in texts]
+def _args(cols: dict[str, np.ndarray]) -> list[Args | None]:
+    """The collectives' args records from their JSON texts (objects, as the scan checked), None
+    where an event has none; the column is taken out of ``cols``. One decode for the file: one
+    at a time, the calls cost as much as the decoding. The texts lie end to end in the column's
+    bytes (an event without one adds nothing), so a comma before each but the first makes them
+    one JSON array."""
+    offsets, data, valid = (cols.pop(f"cpu_args.{part}") for part in ("offsets", "data", "valid"))
+    present = np.flatnonzero(valid)
+    out: list[Args | None] = [None] * len(valid)
+    if len(present):
+        joined = np.insert(data, offsets[present[1:]], ord(","))
+        records = _ARGS.decode(b"[" + joined.tobytes() + b"]")
+        for i, record in zip(present.tolist(), records, strict=True):
+            out[i] = record
+    return out
 
 
 def _scanned(scan: tuple[dict[str, np.ndarray], int] | str) -> tuple[Any, ...] | str:
-    """The header decoded, and the collectives' args as JSON texts, from their columns."""
+    """The header and the collectives' args decoded, from their columns."""
     if isinstance(scan, str):
         return scan
     cols, events = scan
@@ -282,7 +289,7 @@ def _scanned(scan: tuple[dict[str, np.ndarray], int] | str) -> tuple[Any, ...] |
         for key, raw in zip(HEADER_KEYS, _texts(cols, "header"), strict=True)
         if raw is not None
     }
-    return cols, events, header, _texts(cols, "cpu_args")
+    return cols, events, header, _args(cols)
 
 
 def _texts(cols: dict[str, np.ndarray], name: str) -> list[bytes | None]:
