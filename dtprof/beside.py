@@ -37,16 +37,22 @@ def run_beside(
     *,
     keep: Callable[[int], bool] | None = None,
     name: Callable[[int], str] = lambda i: f"item {i}",
+    first_here: bool = False,
 ) -> None:
     """``done(i, fn(items[i]))`` for every item, in this process, in the order results come.
 
     ``fn`` must be a module-level function (workers get it by pickling); ``keep(i)`` True: an
-    item only this process runs (asked when it would go to a worker). An exception in ``fn``
-    comes out here, the first one raised; a worker that dies (the kernel's OOM killer, a
-    signal) is a DtprofError naming its item by ``name(i)``.
+    item only this process runs (asked when it would go to a worker). ``first_here``: this
+    process runs one item before the workers fork, so that they inherit what that first item
+    warmed up (the libraries' first calls) and what was prepared for them meanwhile. An
+    exception in ``fn`` comes out here, the first one raised; a worker that dies (the kernel's
+    OOM killer, a signal) is a DtprofError naming its item by ``name(i)``.
     """
     queue = deque(range(len(items)))
     extra = workers_for(len(items))
+    if first_here and extra > 0:  # one item here before the workers fork
+        i = queue.pop()
+        done(i, fn(items[i]))
     if extra <= 0:
         while queue:
             i = queue.pop()

@@ -59,7 +59,7 @@ def no_scan_left() -> Iterator[None]:
     kineto_ahead.stop()
 
 
-def test_scans_from_the_last_file_and_starts_none_after_the_first_take(tmp_path: Path) -> None:
+def test_scans_from_the_last_file_and_starts_none_after_a_reservation(tmp_path: Path) -> None:
     lib = FakeScanner()
     f = files(tmp_path, 4)
     ahead = kineto_ahead.ScanAhead(lib, f)  # type: ignore[arg-type]
@@ -74,8 +74,53 @@ def test_scans_from_the_last_file_and_starts_none_after_the_first_take(tmp_path:
     assert ahead.take(f[3]) == 1001
     assert ahead.take(f[1]) is None  # never scanned: the caller scans it
     ahead._thread.join(10)
-    assert lib.started == [str(f[3]), str(f[2])]  # nothing started after the first take
+    assert lib.started == [str(f[3]), str(f[2])]  # nothing started after the reservation
     assert lib.freed == []  # taken results are the taker's to free
+
+
+def test_the_first_take_lets_the_scan_go_on_and_the_second_stops_it(tmp_path: Path) -> None:
+    lib = FakeScanner()
+    f = files(tmp_path, 3)
+    ahead = kineto_ahead.ScanAhead(lib, f)  # type: ignore[arg-type]
+    lib.wait_started(1)
+    lib.release[str(f[2])].set()
+    assert ahead.take(f[2]) == 1001  # this process's first file: the thread goes on
+    lib.wait_started(2)
+    assert ahead.take(f[0]) is None  # a second file taken (never scanned): it stops
+    lib.release[str(f[1])].set()
+    ahead._thread.join(10)
+    assert lib.started == [str(f[2]), str(f[1])] and ahead.take(f[1]) == 1002
+
+
+def test_the_first_workers_file_is_inherited_by_the_worker_forked_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lib = FakeScanner()
+    f = files(tmp_path, 4)
+    ahead = kineto_ahead.ScanAhead(lib, f[2:], handed=f[0])  # type: ignore[arg-type]
+    monkeypatch.setattr(kineto_ahead, "_current", ahead)
+    for k, name in enumerate((f[3], f[2], f[0])):  # this process's share, then the handed file
+        lib.wait_started(k + 1)
+        lib.release[str(name)].set()
+    ahead._thread.join(10)
+    assert lib.started == [str(f[3]), str(f[2]), str(f[0])]
+    assert ahead.take(f[3]) == 1001  # this process's first file, converted before the fork
+    assert ahead.reserve(f[0])  # scanned, but for the worker: handed over, not kept here
+    assert not ahead.reserve(f[2])  # scanned for this process: kept here
+    pid = os.fork()
+    if pid == 0:  # the worker: the handed file's scan once; this process's scans freed
+        ok = lib.freed == [1002, 0] and ahead.take(f[0]) == 1003 and ahead.take(f[0]) is None
+        os._exit(0 if ok else 1)
+    assert os.waitpid(pid, 0)[1] == 0
+    pid = os.fork()
+    if pid == 0:  # another worker starting on another file: the inherited scan is freed
+        ok = ahead.take(f[1]) is None and lib.freed == [1002, 0, 1003] and ahead.take(f[0]) is None
+        os._exit(0 if ok else 1)
+    assert os.waitpid(pid, 0)[1] == 0
+    assert lib.freed == []
+    assert ahead.take(f[2]) == 1002 and lib.freed == [1003]  # its own copy freed once forked
+    ahead.close()
+    assert lib.freed == [1003]
 
 
 def test_close_frees_what_was_not_taken_and_a_forked_child_takes_nothing(
@@ -131,16 +176,19 @@ def test_the_importer_keeps_files_scanned_ahead_for_its_own_process(
     plain = import_kineto(folder, tmp_path / "plain")
     ahead = kineto_ahead.start(folder)
     assert ahead is not None
-    ahead._thread.join(10)  # this process's share scanned: a worker would scan one again
+    ahead._thread.join(10)  # this process's share and the worker's first file: nothing more
     scanned = set(ahead._scanned)
-    assert scanned == {os.path.abspath(folder / f"rank{r}.json") for r in (2, 3)}  # 4 files / 2
+    assert scanned == {os.path.abspath(folder / f"rank{r}.json") for r in (0, 2, 3)}  # 4 / 2
     taken: list[Path] = []
     take = ahead.take
     monkeypatch.setattr(ahead, "take", lambda path: taken.append(path) or take(path))
     metas = import_kineto(folder, tmp_path / "ahead")
-    # every file scanned ahead was taken here; this process may also have taken back a file
-    # still waiting for the worker (on a busy machine), which it then scans itself
-    assert ahead._scanned == {} and scanned <= {os.path.abspath(p) for p in taken}
+    # every file scanned ahead for this process was taken here, and the first file was handed
+    # to the worker; this process may also have taken back a file still waiting for the worker
+    # (on a busy machine), which it then scans itself
+    mine = {os.path.abspath(folder / f"rank{r}.json") for r in (2, 3)}
+    assert ahead._scanned == {} and mine <= {os.path.abspath(p) for p in taken}
+    assert os.path.abspath(taken[0]) == os.path.abspath(folder / "rank3.json")  # before the fork
     assert [m for m, _ in metas] == [m for m, _ in plain]
 
 
@@ -164,7 +212,10 @@ def test_start_only_for_profiler_traces_to_read(
     for cpus, share in ((1, 2), (2, 1), (16, 1)):  # files over CPUs: this process's share
         monkeypatch.setattr(os, "cpu_count", lambda cpus=cpus: cpus)
         ahead = kineto_ahead.start(folder)
-        assert ahead is not None and len(ahead._order) == share
+        last_first = [str(folder / f"rank{r}.json") for r in (1, 0)]
+        assert ahead is not None and ahead._order[:share] == last_first[:share]
+        handed = [] if cpus == 1 else [str(folder / "rank0.json")]  # with a worker: its first
+        assert ahead._order[share:] == handed and ahead._handed == (handed or [None])[0]
     assert kineto_ahead.start(folder / "rank0.json") is not None  # one file
     kineto_ahead.stop()
     assert kineto_ahead.current() is None

@@ -203,7 +203,10 @@ def _run(
     (dtprof.beside: this one takes files from the last, the workers from the first).
 
     That is the order in which files scanned ahead during the imports (kineto_ahead) were
-    scanned, and those stay with this process: a worker is never handed one."""
+    scanned, and those stay with this process, but for the first file, whose scan the worker
+    forked next inherits. With a scan ahead, this process converts its first file before the
+    workers fork, while the scan goes on: they start with the imports' and the first file's
+    work done."""
     outs = [tmp / f"file-{i}" if tmp is not None else None for i in range(len(files))]
     jobs = [(f, fb, out, per_rank) for f, fb, out in zip(files, fallbacks, outs, strict=True)]
     started, total, read = time.monotonic(), sum(f.stat().st_size for f in files), 0
@@ -226,7 +229,14 @@ def _run(
         """Whether a file was (or is being) scanned ahead; if not, it is kept from the scan."""
         return ahead is not None and not ahead.reserve(files[i])
 
-    run_beside(_convert_job, jobs, finished, keep=scanned_here, name=lambda i: str(files[i]))
+    run_beside(
+        _convert_job,
+        jobs,
+        finished,
+        keep=scanned_here,
+        name=lambda i: str(files[i]),
+        first_here=ahead is not None,
+    )
     return done
 
 

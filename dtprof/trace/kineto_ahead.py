@@ -8,10 +8,11 @@ native reader (``kineto_scan.cpp``) meanwhile. The scan runs in C without the GI
 imports.
 
 The thread scans from the last file backwards, the order in which the importer's own process
-takes files, and at most that process's share of them (the files over the CPUs): its worker
-processes take files from the first, and never one scanned here
-(:func:`dtprof.trace.importer.import_kineto`). Only the process that started the thread takes
-its results: a forked worker inherits the object, not the thread.
+takes files, and at most that process's share of them (the files over the CPUs); then the
+first file, the first one handed to a worker process (:func:`dtprof.trace.importer
+.import_kineto`). The workers take files from the first, and no other file scanned here. Only
+the process that started the thread takes its results, but for that first file: the worker
+forked next inherits its scan (it inherits the object, not the thread).
 """
 
 from __future__ import annotations
@@ -113,27 +114,37 @@ def _key(path: Path) -> str:
 
 
 class ScanAhead:
-    """One thread scanning files with the native reader, last file first, until the first file
-    is taken: from then on the importer's processes keep both CPUs busy, and a third scan
-    would only take turns with them. Results wait here until taken, or are freed by close()."""
+    """One thread scanning files with the native reader: this process's share, last file first,
+    then the first file of the worker forked beside it (``handed``).
 
-    def __init__(self, lib: ctypes.CDLL, files: list[Path]) -> None:
+    This process converts its first file before the worker forks (importer, beside.run_beside's
+    ``first_here``), so the worker starts with all that process's imports and first calls done.
+    Meanwhile the thread goes on scanning, and the worker's first file, scanned before the fork,
+    is inherited by the worker: neither CPU waits. The thread stops when a file is reserved for
+    a worker or a second file is taken here: from then on the importer's processes keep the
+    CPUs busy, and one more scan would only take turns with them. Results wait here until
+    taken, or are freed by close()."""
+
+    def __init__(self, lib: ctypes.CDLL, files: list[Path], handed: Path | None = None) -> None:
         self._lib = lib
         self._pid = os.getpid()
-        self._order = [_key(f) for f in reversed(files)]
+        self._handed = _key(handed) if handed is not None else None
+        self._order = [_key(f) for f in [*reversed(files), *([handed] if handed else [])]]
         self._cond = threading.Condition()
         self._scanned: dict[str, int] = {}  # file -> the scanner's result
         self._scanning: str | None = None
         self._claimed: set[str] = set()  # taken or reserved: not to be scanned here
         self._closed = False
-        self._taking = False  # a file was taken: start no other
+        self._taking = False  # a second file taken, or one reserved: start no other
+        self._taken = 0
+        self._given: int | None = None  # the handed file's scan, for the worker forked next
         self._thread = threading.Thread(target=self._run, name="dtprof-scan-ahead", daemon=True)
         self._thread.start()
 
     def forked(self) -> None:
-        """In a forked worker: free the inherited results, whose pages would otherwise count in
-        its memory too. No lock: the scanning thread is not there, and the forking thread held
-        the GIL, so no other thread was inside the dict."""
+        """In a forked worker: free the inherited results but the handed file's, whose pages
+        would otherwise count in its memory too. No lock: the scanning thread is not there, and
+        the forking thread held the GIL, so no other thread was inside the dict."""
         if self._scanned and not self._closed:
             for result in self._scanned.values():
                 self._lib.dtprof_kineto_free(result)
@@ -162,23 +173,48 @@ class ScanAhead:
 
     def take(self, path: Path) -> int | None:
         """The scanner's result for a file (waiting while it is being scanned), or None when it
-        was not scanned here; the caller frees it. A file asked for is never scanned here after."""
-        if not self._mine():
-            return None
+        was not scanned here; the caller frees it. A file asked for is never scanned here after.
+        In a forked worker, the handed file's scan if it was handed over, else None."""
         name = _key(path)
+        if os.getpid() != self._pid:
+            return self._inherited(name)
+        if self._closed:
+            return None
         with self._cond:
-            self._taking = True
+            self._drop_given()  # the worker it was for has forked: it holds its own copy
+            self._taken += 1
+            self._taking = self._taking or self._taken > 1
             while self._scanning == name:
                 self._cond.wait()
             self._claimed.add(name)
             return self._scanned.pop(name, None)
 
+    def _inherited(self, name: str) -> int | None:
+        """In a worker: the handed file's scan for that file (once); any other file first, and
+        the scan is some other worker's to use: freed."""
+        given, self._given = self._given, None
+        if given is not None and name != self._handed:
+            self._lib.dtprof_kineto_free(given)
+            return None
+        return given
+
+    def _drop_given(self) -> None:
+        if self._given is not None:
+            self._lib.dtprof_kineto_free(self._given)
+            self._given = None
+
     def reserve(self, path: Path) -> bool:
-        """Keep a file for another process: False when it is scanned or being scanned here."""
+        """Keep a file for another process: False when it is scanned or being scanned here (and
+        not the handed file, whose scan the worker forked next inherits)."""
         if not self._mine():
             return True
         name = _key(path)
         with self._cond:
+            self._taking = True
+            if name == self._handed and name in self._scanned and self._taken <= 1:
+                self._given = self._scanned.pop(name)  # freed here once taken by the fork
+                self._claimed.add(name)
+                return True
             if name in self._scanned or name == self._scanning:
                 return False
             self._claimed.add(name)
@@ -190,6 +226,7 @@ class ScanAhead:
             return
         with self._cond:
             self._closed = True
+            self._drop_given()
             for result in self._scanned.values():
                 self._lib.dtprof_kineto_free(result)
             self._scanned.clear()
@@ -224,9 +261,11 @@ def start(path: str | os.PathLike[str], even_if_cached: bool = False) -> ScanAhe
         if not library.is_file():
             return None  # the importer builds it, and reports a failed build
         stop()
-        # only this process's share: the workers beside it (dtprof.beside) take the others
-        share = -(-len(files) // (workers_for(len(files)) + 1))
-        _current = ScanAhead(open_library(library), files[-share:])
+        # this process's share, and the first file of the workers beside it (dtprof.beside)
+        workers = workers_for(len(files))
+        share = -(-len(files) // (workers + 1))
+        handed = files[0] if workers and len(files) > share else None
+        _current = ScanAhead(open_library(library), files[-share:], handed)
     except (OSError, AttributeError):  # unreadable, or a library of another version
         return None
     return _current
