@@ -9,10 +9,11 @@ imports.
 
 The thread scans from the last file backwards, the order in which the importer's own process
 takes files, and at most that process's share of them (the files over the CPUs); then the
-first file, the first one handed to a worker process (:func:`dtprof.trace.importer
-.import_kineto`). The workers take files from the first, and no other file scanned here. Only
-the process that started the thread takes its results, but for that first file: the worker
-forked next inherits its scan (it inherits the object, not the thread).
+first file, the first one handed to a worker process
+(:func:`dtprof.trace.importer.import_kineto`). The workers take files from the first, and no
+other file scanned here. Only the process that started the thread takes its results, but for
+that first file: the worker forked next inherits its scan (it inherits the object, not the
+thread).
 """
 
 from __future__ import annotations
@@ -142,9 +143,10 @@ class ScanAhead:
         self._thread.start()
 
     def forked(self) -> None:
-        """In a forked worker: free the inherited results but the handed file's, whose pages
-        would otherwise count in its memory too. No lock: the scanning thread is not there, and
-        the forking thread held the GIL, so no other thread was inside the dict."""
+        """In a forked worker: free the inherited results (the handed file's scan is kept apart,
+        for the worker), whose pages would otherwise count in its memory too. No lock: the
+        scanning thread is not there, and the forking thread held the GIL, so no other thread
+        was inside the dict."""
         if self._scanned and not self._closed:
             for result in self._scanned.values():
                 self._lib.dtprof_kineto_free(result)
