@@ -210,6 +210,51 @@ def test_call_order_counts_each_groups_calls_as_groupby_does() -> None:
     assert _calls_before(np.zeros(0, np.int64)).tolist() == []
 
 
+def test_memory_samples_are_each_steps_last_reading_as_pandas_groups_them() -> None:
+    """samples_table against its rule stated in pandas, on random readings (ties, NaNs, CPU and
+    CUDA, readings before the first step): per (step, device), the last reading that has the
+    value, stamped with the group's last time; allocated rows first, each by step then device."""
+    import numpy as np
+    import pandas as pd
+
+    from dtprof.trace.kineto_map import samples_table, step_at
+
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        n = int(rng.integers(1, 60))
+        kf = type("KF", (), {})()
+        kf.memory_ts_ns = rng.integers(0, 40, n).astype(np.int64) * 1000  # many ties
+        kf.memory_device_type = rng.choice([0, 1, 1, 2], n).astype(np.int64)
+        values = rng.random((2, n)) * 1e9
+        values[rng.random((2, n)) < rng.random()] = np.nan
+        kf.memory_allocated, kf.memory_reserved = values
+        start = np.sort(rng.integers(0, 40_000, int(rng.integers(0, 5))))
+        steps = pd.DataFrame({"step": np.arange(len(start)), "start_ns": start})
+        got = samples_table(kf, steps).to_pandas()
+        df = pd.DataFrame(
+            {
+                "ts": kf.memory_ts_ns,
+                "cuda": (kf.memory_device_type == 1).astype(int),
+                "allocated_bytes": kf.memory_allocated,
+                "reserved_bytes": kf.memory_reserved,
+            }
+        ).sort_values("ts", kind="stable")
+        df["step"] = step_at(steps, df["ts"].to_numpy())
+        groups = df.groupby(["step", "cuda"], sort=True)
+        rows = []
+        for what in ("allocated_bytes", "reserved_bytes"):
+            for (step, cuda), g in groups:
+                has = g[what].dropna()
+                if len(has):
+                    device = "cuda" if cuda else "cpu"
+                    rows.append((step, g["ts"].iloc[-1], f"{device}_{what}", has.iloc[-1]))
+        want = pd.DataFrame(rows, columns=["step", "ts_ns", "metric", "value"])
+        assert got["step"].tolist() == want["step"].tolist()
+        assert got["ts_ns"].tolist() == want["ts_ns"].tolist()
+        assert got["metric"].tolist() == want["metric"].tolist()
+        assert got["value"].tolist() == want["value"].tolist()
+
+
 def _read_whole(monkeypatch: pytest.MonkeyPatch, path: Path) -> dict[str, Any]:
     """rank_tables of the file read whole, the way taken where streaming cannot cut it."""
     with monkeypatch.context() as m:

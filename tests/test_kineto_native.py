@@ -355,3 +355,36 @@ def test_imported_meta_says_which_reader_read_the_file(tmp_path: Path) -> None:
         meta = json.loads((out / "rank=00000" / "meta.json").read_text())
         assert meta["imported"]["reader"] == reader
         subprocess.run(["rm", "-rf", str(out)], check=True)
+
+
+class _Frees:
+    """The library's free call, counted."""
+
+    def __init__(self) -> None:
+        self.freed: list[int] = []
+
+    def dtprof_kineto_free(self, result: int) -> None:
+        self.freed.append(result)
+
+
+def test_columns_hold_the_scan_until_the_last_of_them_goes() -> None:
+    """The columns view the scan's memory: it is freed once, and only when no array (nor a
+    slice, nor an Arrow buffer over one) still views it."""
+    import ctypes
+
+    memory = ctypes.create_string_buffer(64)
+    lib = _Frees()
+    owner = kineto_native._Scan(lib, 7)  # type: ignore[arg-type]
+    address = ctypes.addressof(memory)
+    a = kineto_native._view(owner, address, 4, np.int64)
+    b = kineto_native._view(owner, address + 32, 8, np.uint8)
+    assert kineto_native._view(owner, address, 0, np.int64).size == 0
+    del owner
+    a[:] = [1, 2, 3, 4]
+    tail, buffer = a[2:], pa.py_buffer(b)
+    del a, b
+    assert lib.freed == [] and tail.tolist() == [3, 4]
+    del tail
+    assert lib.freed == []
+    del buffer
+    assert lib.freed == [7]
