@@ -172,12 +172,12 @@ def summarize_frames(
     # the compute phases of the kernels come after the spans' own phases (the spans' order):
     # thousands of rows (imported traces), joined to those only where there are any
     phases = spans[kind == "phase"]
-    kernels_alone = gpu_phases is not None and phases.empty  # every phase a compute phase
-    if gpu_phases is not None:
-        phases = gpu_phases if phases.empty else pd.concat([phases, gpu_phases], ignore_index=True)
-    if kernels_alone:
+    if gpu_phases is not None and phases.empty:  # the kernels' alone: every one a compute phase
+        phases = gpu_phases
         computing, loading = np.ones(len(phases), np.bool_), np.zeros(len(phases), np.bool_)
     else:
+        if gpu_phases is not None:
+            phases = pd.concat([phases, gpu_phases], ignore_index=True)
         computing = phases["name"].isin(COMPUTE_PHASES).to_numpy(bool)
         loading = phases["name"].isin(("data",)).to_numpy(bool)
     steps["compute_ns"] = _per_step(phases, steps, computing)
