@@ -196,9 +196,15 @@ def _view(owner: _Scan, address: int | None, length: int, dtype: Any) -> np.ndar
     return np.frombuffer(memory, dtype)
 
 
+def _string_parts(cols: dict[str, np.ndarray], name: str) -> tuple[np.ndarray, ...]:
+    """A string column's offsets, bytes and validity, taken out of ``cols``."""
+    return tuple(cols.pop(f"{name}.{part}") for part in ("offsets", "data", "valid"))
+
+
 def strings(cols: dict[str, np.ndarray], name: str) -> pa.Array:
-    """A string column (nulls where the event had none) from its offsets, bytes and validity."""
-    offsets, data, valid = (cols[f"{name}.{part}"] for part in ("offsets", "data", "valid"))
+    """A string column (nulls where the event had none) from its offsets, bytes and validity,
+    taken out of ``cols``."""
+    offsets, data, valid = _string_parts(cols, name)
     nulls = int(len(valid) - np.count_nonzero(valid))
     bitmap = pa.py_buffer(np.packbits(valid, bitorder="little")) if nulls else None
     return pa.StringArray.from_buffers(
@@ -268,7 +274,7 @@ def _args(cols: dict[str, np.ndarray]) -> list[Args | None]:
     at a time, the calls cost as much as the decoding. The texts lie end to end in the column's
     bytes (an event without one adds nothing), so a comma before each but the first makes them
     one JSON array."""
-    offsets, data, valid = (cols.pop(f"cpu_args.{part}") for part in ("offsets", "data", "valid"))
+    offsets, data, valid = _string_parts(cols, "cpu_args")
     present = np.flatnonzero(valid)
     out: list[Args | None] = [None] * len(valid)
     if len(present):
@@ -294,6 +300,6 @@ def _scanned(scan: tuple[dict[str, np.ndarray], int] | str) -> tuple[Any, ...] |
 
 def _texts(cols: dict[str, np.ndarray], name: str) -> list[bytes | None]:
     """A string column as bytes (None where null), its columns taken out of ``cols``."""
-    offsets, data, valid = (cols.pop(f"{name}.{part}") for part in ("offsets", "data", "valid"))
+    offsets, data, valid = _string_parts(cols, name)
     raw, bounds = data.tobytes(), offsets.tolist()
     return [raw[bounds[i] : bounds[i + 1]] if ok else None for i, ok in enumerate(valid.tolist())]
