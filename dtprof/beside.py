@@ -25,6 +25,17 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
+_frozen_for_good = False  # see frozen_for_good
+
+
+def frozen_for_good() -> None:
+    """Say that this process froze its objects for good (the ``dtprof`` command does, after its
+    imports): run_beside then need not ask whether any are frozen. ``gc.get_freeze_count``
+    counts them one by one, 7 ms after the imports, while the other CPUs wait for the fork."""
+    global _frozen_for_good
+    _frozen_for_good = True
+
+
 def workers_for(items: int) -> int:
     """Worker processes beside this one for so many items: one a further CPU, one an item."""
     return max(min(items, os.cpu_count() or 1) - 1, 0)
@@ -93,7 +104,7 @@ def run_beside(
     # torch process group runs a destructor that waits for threads the worker does not have,
     # and the worker hangs. Objects frozen when a worker forks are never collected in it.
     # (Frozen already, by the command's imports: they stay so after.)
-    frozen_before = gc.get_freeze_count() > 0
+    frozen_before = _frozen_for_good or gc.get_freeze_count() > 0
     gc.freeze()
     try:
         with ProcessPoolExecutor(extra, initializer=_share_claims, initargs=(claims,)) as pool:

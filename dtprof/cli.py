@@ -12,6 +12,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any, NoReturn
 
 from dtprof import __version__
+from dtprof.beside import frozen_for_good
 from dtprof.errors import DtprofError
 
 _OWN_PROCESS = False  # set by run(): the command has this process to itself
@@ -34,6 +35,7 @@ def _importing() -> Iterator[None]:
             yield
     finally:
         gc.freeze()
+        frozen_for_good()
         if enabled:
             gc.enable()
 
