@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import os
+import threading
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -25,15 +26,26 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
-_frozen_for_good = False  # see frozen_for_good
+_command = False  # see command_owns_process
+_closing: list[threading.Thread] = []  # each shuts a pool down, waiting for its workers
 
 
-def frozen_for_good() -> None:
-    """Say that this process froze its objects for good (the ``dtprof`` command does, after its
-    imports): run_beside then need not ask whether any are frozen. ``gc.get_freeze_count``
-    counts them one by one, 7 ms after the imports, while the other CPUs wait for the fork."""
-    global _frozen_for_good
-    _frozen_for_good = True
+def command_owns_process() -> None:
+    """Say that this is the ``dtprof`` command's own process, which froze its imports' objects
+    for good and ends with ``os._exit`` after wait_for_workers. run_beside then neither asks
+    whether objects are frozen (``gc.get_freeze_count`` counts them one by one: 7 ms after the
+    imports, while the other CPUs wait for the fork) nor waits for its workers to exit (6 ms
+    after the last result) before the command goes on."""
+    global _command
+    _command = True
+
+
+def wait_for_workers() -> None:
+    """Wait for the workers of pools run_beside left shutting down to exit. A command's process
+    must, before ``os._exit``: a worker still waiting for its pool's last word would wait on,
+    an orphan holding the command's output open."""
+    while _closing:
+        _closing.pop().join()
 
 
 def workers_for(items: int) -> int:
@@ -74,6 +86,7 @@ def run_beside(
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
     from concurrent.futures.process import BrokenProcessPool
 
+    wait_for_workers()  # a previous run's, long gone: at most one pool is left closing
     claims = multiprocessing.Array("b", len(items))  # 1: a process has the item
 
     def for_worker() -> int | None:
@@ -104,10 +117,11 @@ def run_beside(
     # torch process group runs a destructor that waits for threads the worker does not have,
     # and the worker hangs. Objects frozen when a worker forks are never collected in it.
     # (Frozen already, by the command's imports: they stay so after.)
-    frozen_before = _frozen_for_good or gc.get_freeze_count() > 0
+    frozen_before = _command or gc.get_freeze_count() > 0
     gc.freeze()
     try:
-        with ProcessPoolExecutor(extra, initializer=_share_claims, initargs=(claims,)) as pool:
+        pool = ProcessPoolExecutor(extra, initializer=_share_claims, initargs=(claims,))
+        try:
             running: dict[Future[Any], int] = {}
             while queue or running:
                 while len(running) < 2 * extra and (given := for_worker()) is not None:
@@ -125,6 +139,13 @@ def run_beside(
                         raise died(i, running) from None
                     if ran:  # else taken back by this process
                         done(i, result)
+        finally:
+            if _command:
+                closing = threading.Thread(target=pool.shutdown, kwargs={"cancel_futures": True})
+                closing.start()
+                _closing.append(closing)
+            else:
+                pool.shutdown(cancel_futures=True)
     finally:
         if not frozen_before:
             gc.unfreeze()

@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any, NoReturn
 
 from dtprof import __version__
-from dtprof.beside import frozen_for_good
+from dtprof.beside import command_owns_process, wait_for_workers
 from dtprof.errors import DtprofError
 
 _OWN_PROCESS = False  # set by run(): the command has this process to itself
@@ -35,7 +35,7 @@ def _importing() -> Iterator[None]:
             yield
     finally:
         gc.freeze()
-        frozen_for_good()
+        command_owns_process()
         if enabled:
             gc.enable()
 
@@ -322,9 +322,10 @@ def run() -> NoReturn:
     """The ``dtprof`` command: main(), then, after a one-shot command, out at once.
 
     When such a command returns, its output is written, its files are renamed into place and
-    its pools are shut down. Tearing down an interpreter that holds pandas, pyarrow and numpy
-    would then take about 0.1 s more (a twentieth of a cold analyze of profiler traces) and
-    change nothing the user sees, so the process ends without it. Under a tracer, a profiler
+    its pools are shut down (their workers' exit is waited for here). Tearing down an
+    interpreter that holds pandas, pyarrow and numpy would then take about 0.1 s more (a
+    twentieth of a cold analyze of profiler traces) and change nothing the user sees, so the
+    process ends without it. Under a tracer, a profiler
     or coverage it ends the usual way, so that their exit handlers save what they gathered.
     """
     global _OWN_PROCESS
@@ -338,6 +339,7 @@ def run() -> NoReturn:
         # a closed pipe (`dtprof analyze t | head -1`) has nothing more to take
         with contextlib.suppress(OSError, ValueError):
             stream.flush()
+    wait_for_workers()
     os._exit(code)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -121,7 +122,7 @@ def test_objects_frozen_before_stay_frozen_and_its_own_freeze_is_undone(
         pass
     assert gc.isenabled() and gc.get_freeze_count() == 0
     monkeypatch.setattr(cli, "_OWN_PROCESS", True)
-    monkeypatch.setattr(beside, "_frozen_for_good", False)
+    monkeypatch.setattr(beside, "_command", False)
     try:
         with cli._importing():
             assert not gc.isenabled()
@@ -131,8 +132,56 @@ def test_objects_frozen_before_stay_frozen_and_its_own_freeze_is_undone(
         monkeypatch.setattr(gc, "get_freeze_count", lambda: counted.append(1) or count())
         beside.run_beside(_square, [1, 2, 3], got.__setitem__)
         assert not counted and count() > 0
+        assert len(beside._closing) == 1  # its workers' exit is waited for at the end
+        beside.wait_for_workers()
+        assert not beside._closing and not multiprocessing.active_children()
     finally:
         gc.unfreeze()
+
+
+_RUN_AND_END = """
+import os
+from dtprof import beside
+os.cpu_count = lambda: 2
+def square(i):
+    return i * i
+got = {}
+beside.command_owns_process()
+beside.run_beside(square, [1, 2, 3], got.__setitem__)
+print(sorted(got.items()), flush=True)
+beside.wait_for_workers()  # as the command does before it ends
+os._exit(0)
+"""
+
+
+def test_a_command_ending_at_once_leaves_no_worker_behind() -> None:
+    """The command's process goes on while its pool's worker exits, and waits for it only
+    before ``os._exit``: without that wait, the worker could outlive it, waiting for its pool's
+    last word and holding the command's output open (its reader would never see the end)."""
+    proc = subprocess.Popen([sys.executable, "-c", _RUN_AND_END], stdout=subprocess.PIPE, text=True)
+    try:
+        out, _ = proc.communicate(timeout=20)
+    finally:
+        for child in _children(proc.pid):
+            os.kill(child, signal.SIGKILL)
+        proc.kill()
+        proc.wait()
+    assert out.strip() == "[(0, 1), (1, 4), (2, 9)]"
+
+
+def _children(pid: int) -> list[int]:
+    """Processes whose parent is pid, or that were orphaned from it (re-parented: by ppid
+    they cannot be told apart, so those running this test's script)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"beside.run_beside(square" in cmdline and int(entry) != pid:
+                found.append(int(entry))
+    return found
 
 
 _COUNT_NUMPY_THREADS = """
