@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
 import pytest
 
 import dtprof
@@ -358,6 +359,9 @@ def test_cli_analyze_caches_and_convert_writes_a_dtprof_trace(
     assert main(["convert", str(folder), "-o", str(converted)]) == 0
     assert trace_kind(converted) == "dtprof"
     assert analyze(converted).to_json()["summary"] == cold["summary"]
+    parts = sorted(converted.glob("*/*/part-*.parquet"))  # lz4: quicker than zstd both ways
+    codecs = {pq.ParquetFile(p).metadata.row_group(0).column(0).compression for p in parts}
+    assert parts and codecs == {"LZ4"}
     assert main(["convert", str(folder), "-o", str(converted)]) == 2  # not over a trace
     assert main(["analyze", str(folder)]) == 0
     text = capsys.readouterr().out
