@@ -15,6 +15,7 @@ HOW is ``comm_hook`` for ``profile(ddp_buckets="comm_hook")``; anything else (``
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -78,6 +79,15 @@ def main() -> None:
     (Path(trace).parent / f"bare-equal-{rank}").write_text(str(equal))
     dist.barrier()
     dist.destroy_process_group()
+    # Out without freeing the models. With torch 2.13 and gloo, freeing a DDP model frees its
+    # reducer, and with it the last reference to its process group; the group's destructor,
+    # run holding the GIL, joins its worker threads, and one of them may be waiting for the GIL
+    # to free a finished all-reduce (launched during backward, which keeps a Python object in
+    # the thread state the work copied). About one run in ten hung so, without dtprof too (the
+    # kind of deadlock of pytorch/pytorch#56297, here through the reducer).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
