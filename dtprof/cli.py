@@ -325,8 +325,8 @@ def run() -> NoReturn:
     its pools are shut down (their workers' exit is waited for here). Tearing down an
     interpreter that holds pandas, pyarrow and numpy would then take about 0.1 s more (a
     twentieth of a cold analyze of profiler traces) and change nothing the user sees, so the
-    process ends without it. Under a tracer, a profiler
-    or coverage it ends the usual way, so that their exit handlers save what they gathered.
+    process ends without it. Under a tracer, a profiler or coverage it ends the usual way, so
+    that their exit handlers save what they gathered.
     """
     global _OWN_PROCESS
     _OWN_PROCESS = True
