@@ -170,8 +170,8 @@ def test_a_command_ending_at_once_leaves_no_worker_behind() -> None:
 
 
 def _children(pid: int) -> list[int]:
-    """Processes whose parent is pid, or that were orphaned from it (re-parented: by ppid
-    they cannot be told apart, so those running this test's script)."""
+    """The other processes running this test's script: its worker, found by its command line
+    (once orphaned it is re-parented, and no longer has pid as its parent)."""
     found = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
