@@ -696,3 +696,35 @@ def test_memory_growth_takes_first_middle_and_last_as_pandas_does() -> None:
         assert got.index.tolist() == want.index.tolist() == [0, 1, 2, 3, 4, 5]
         assert np.array_equal(got.to_numpy(), want.to_numpy(), equal_nan=True)
     assert np.isnan(first[4]) and np.isnan(last[4])
+
+
+@pytest.mark.parametrize("end", [None, (1_000_000_000, 7_000_000)], ids=["offset", "drift"])
+def test_gpu_figures_read_kernels_on_rank_zero_clock(
+    tmp_path: Path, end: tuple[int, int] | None
+) -> None:
+    # the kernels' arrays are read straight from Arrow with a constant offset, and through
+    # the frames' alignment when the clock drifts: both land where the steps do
+    from dtprof.analysis.summarize import summarize_rank
+
+    kernels = [
+        (0, 0, 7, "gemm", "compute", 100, 300, 1, None),
+        (0, 0, 8, "ncclKernel_AllReduce", "communication", 200, 500, 2, None),
+        (None, 0, 7, "gemm", "compute", 800, 900, 3, None),  # launch not traced
+        (1, 0, 7, "gemm", "compute", 1_000, 1_100, 4, None),
+    ]
+    meta = rank_meta(0, 1, base=10**12, offset_ns=5_000_000, end=end)
+    folder = write_rank(
+        tmp_path, meta, {"steps": [(0, 100, 600), (1, 1_000, 1_200)], "kernels": kernels}
+    )
+    summary = summarize_rank(folder)
+    steps = summary.steps.set_index("step")
+    phases = summary.phases.set_index("start_ns")
+    assert list(phases["step"]) == [0, 0, 1]
+    assert phases.index[0] == steps.loc[0, "start_ns"]  # both local 100
+    assert phases.index[2] == steps.loc[1, "start_ns"]  # both local 1,000
+    gpu = summary.gpu.iloc[0]
+    # counted: launched before the last step, so the first two (the third's step is unknown);
+    # a drifting clock moves each time by its own offset, rounded: within a nanosecond
+    assert gpu["kernels"] == 2
+    got = gpu[["span_ns", "comm_ns", "overlap_ns"]].to_numpy(float)
+    assert np.abs(got - [400, 300, 100]).max() <= (1 if end else 0)

@@ -17,7 +17,7 @@ All sweeps are sorted numpy passes; nothing loops per kernel.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -66,37 +66,35 @@ def intersection_ns(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.nd
     return int((np.diff(t)[both]).sum())
 
 
-def counted(kernels: pd.DataFrame, steps: pd.DataFrame) -> np.ndarray:
+class Kernels(NamedTuple):
+    """One rank's kernels as the figures read them: arrays, times on rank 0's clock."""
+
+    start_ns: np.ndarray  # int64
+    end_ns: np.ndarray  # int64
+    step: np.ndarray  # int64, the step of the launch; meaningless where not step_known
+    step_known: np.ndarray  # bool: the launch was found
+    compute: np.ndarray  # bool: a compute kernel
+    communication: np.ndarray  # bool: a communication kernel
+
+
+def counted(kernels: Kernels, steps: pd.DataFrame) -> np.ndarray:
     """Mask of the kernels the figures count: launched before the last step, with >= 2 steps."""
     step_numbers = steps["step"].to_numpy()
     if len(np.unique(step_numbers)) < 2:
-        return np.ones(len(kernels), bool)
+        return np.ones(len(kernels.start_ns), bool)
     last = step_numbers[np.argsort(steps["start_ns"].to_numpy(), kind="quicksort")[-1]]
-    step = kernels["step"]
-    return ~step.isna().to_numpy(bool) & (step.to_numpy(np.int64, na_value=last) != last)
-
-
-def _is(kernels: pd.DataFrame, category: str) -> np.ndarray:
-    """Mask of the kernels of one category (categorical columns compared by code)."""
-    column = kernels["category"]
-    if isinstance(column.dtype, pd.CategoricalDtype):
-        names = column.cat.categories
-        if category not in names:
-            return np.zeros(len(column), bool)
-        return column.cat.codes.to_numpy() == names.get_loc(category)
-    return np.asarray(column.to_numpy() == category, bool)
+    return kernels.step_known & (kernels.step != last)
 
 
 def kernel_figures(
-    rank: int, kernels: pd.DataFrame, steps: pd.DataFrame
+    rank: int, kernels: Kernels, steps: pd.DataFrame
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """One rank's compute phases (the union of its compute kernels as spans named gpu-compute,
     in the step they begin) and its GPU figures (one row: span, idle, compute, non-compute,
     communication and overlap ns, and shares), from its kernels sorted by start once."""
-    order = np.argsort(kernels["start_ns"].to_numpy(np.int64), kind="stable")
-    start = kernels["start_ns"].to_numpy(np.int64)[order]
-    end = kernels["end_ns"].to_numpy(np.int64)[order]
-    comp, comm = _is(kernels, "compute")[order], _is(kernels, "communication")[order]
+    order = np.argsort(kernels.start_ns, kind="stable")
+    start, end = kernels.start_ns[order], kernels.end_ns[order]
+    comp, comm = kernels.compute[order], kernels.communication[order]
     s, e = union(start[comp], end[comp], by_start=True)
     phases = pd.DataFrame(
         {

@@ -18,13 +18,14 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dtprof.analysis.gpu import GPU_PHASE, kernel_figures
+from dtprof.analysis.gpu import GPU_PHASE, Kernels, kernel_figures
 from dtprof.analysis.matching import GroupMatrix, match
 from dtprof.beside import run_beside
 from dtprof.errors import DtprofError
 from dtprof.trace.reader import (
     ClockParams,
     clock_params,
+    constant_shift,
     inflight_frame,
     read_inflight,
     read_rank_meta,
@@ -166,8 +167,8 @@ def summarize_frames(
     steps = _frame(folder, "steps", rank, params)
     spans = _frame(folder, "spans", rank, params)
     steps["step_ns"] = steps["end_ns"] - steps["start_ns"]
-    kernels = _frame(folder, "kernels", rank, params, ("category",), KERNEL_COLUMNS)
-    gpu_phases, gpu = kernel_figures(rank, kernels, steps) if not kernels.empty else (None, None)
+    kernels = _kernels(folder, rank, params)
+    gpu_phases, gpu = kernel_figures(rank, kernels, steps) if kernels else (None, None)
     kind = spans["kind"].to_numpy()
     # the compute phases of the kernels come after the spans' own phases (the spans' order):
     # thousands of rows (imported traces), joined to those only where there are any
@@ -200,6 +201,36 @@ def summarize_frames(
         groups=_groups(_table(folder, "groups")),
         gpu=gpu if gpu is not None else pd.DataFrame(),
     )
+
+
+def _kernels(folder: Tables, rank: int, params: dict[int, ClockParams]) -> Kernels | None:
+    """The rank's kernels as arrays for dtprof.analysis.gpu, or None without any. Read from
+    Arrow: a trace's thousands of kernels made a pandas frame for nothing but its arrays (a
+    quarter of summarizing an imported rank)."""
+    table = _table(folder, "kernels").select(list(KERNEL_COLUMNS))
+    if not table.num_rows:
+        return None
+    start, end = table.column("start_ns"), table.column("end_ns")
+    if params[rank][3] or start.null_count or end.null_count:  # aligned as every table is
+        frame = table_frame(TABLES["kernels"], [(rank, table)], params)
+        start_ns, end_ns = frame["start_ns"].to_numpy(np.int64), frame["end_ns"].to_numpy(np.int64)
+    else:
+        shift = constant_shift(params[rank])
+        start_ns, end_ns = start.to_numpy() + shift, end.to_numpy() + shift
+    step, category = table.column("step"), table.column("category")
+    return Kernels(
+        start_ns=start_ns,
+        end_ns=end_ns,
+        step=pc.fill_null(step, -1).to_numpy(),
+        step_known=pc.is_valid(step).to_numpy(zero_copy_only=False),
+        compute=_equal(category, "compute"),
+        communication=_equal(category, "communication"),
+    )
+
+
+def _equal(column: pa.ChunkedArray, value: str) -> np.ndarray:
+    """Mask of the rows equal to value (null: False)."""
+    return pc.fill_null(pc.equal(column, value), False).to_numpy(zero_copy_only=False)
 
 
 def _last_span(spans: pd.DataFrame, gpu_phases: pd.DataFrame | None) -> pd.DataFrame:

@@ -292,7 +292,7 @@ def _align(
     off0, t0, slope = rest[:, 0], rest[:, 1], rest[:, 2]
     drift = bool(slope.any())
     # without drift the shift is one number per rank: no float pass over the stamps
-    shift = np.array([_constant_shift(params[k]) for k in keys], dtype=np.int64)[idx]
+    shift = np.array([constant_shift(params[k]) for k in keys], dtype=np.int64)[idx]
     for col in columns:
         nullable = df[col].hasnans
         local = df[col].to_numpy(dtype="int64", na_value=0)
@@ -359,7 +359,7 @@ def _empty_frame(table: Table) -> pd.DataFrame:
     return df
 
 
-def _constant_shift(params: ClockParams) -> int:
+def constant_shift(params: ClockParams) -> int:
     """What moves a rank's stamps onto rank 0's clock when its clock does not drift (ns)."""
     base, off0, _, _ = params
     return int(base) - int(np.rint(off0))
@@ -367,7 +367,7 @@ def _constant_shift(params: ClockParams) -> int:
 
 def _shifted(t: pa.Table, times: list[str], params: ClockParams) -> pa.Table:
     """t with its times moved onto rank 0's clock by the rank's constant offset (no drift)."""
-    shift = pa.scalar(_constant_shift(params), pa.int64())
+    shift = pa.scalar(constant_shift(params), pa.int64())
     for name in times:
         i = t.schema.get_field_index(name)
         t = t.set_column(i, name, pc.add(t.column(i), shift))
