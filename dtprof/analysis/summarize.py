@@ -25,11 +25,11 @@ from dtprof.errors import DtprofError
 from dtprof.trace.reader import (
     ClockParams,
     clock_params,
-    constant_shift,
     inflight_frame,
     read_inflight,
     read_rank_meta,
     read_table,
+    shifted,
     table_frame,
 )
 from dtprof.trace.schema import TABLES
@@ -210,13 +210,13 @@ def _kernels(folder: Tables, rank: int, params: dict[int, ClockParams]) -> Kerne
     table = _table(folder, "kernels").select(list(KERNEL_COLUMNS))
     if not table.num_rows:
         return None
-    start, end = table.column("start_ns"), table.column("end_ns")
-    if params[rank][3] or start.null_count or end.null_count:  # aligned as every table is
+    times = ["start_ns", "end_ns"]
+    if params[rank][3] or any(table.column(c).null_count for c in times):  # as every table
         frame = table_frame(TABLES["kernels"], [(rank, table)], params)
-        start_ns, end_ns = frame["start_ns"].to_numpy(np.int64), frame["end_ns"].to_numpy(np.int64)
+        start_ns, end_ns = (frame[c].to_numpy(np.int64) for c in times)
     else:
-        shift = constant_shift(params[rank])
-        start_ns, end_ns = start.to_numpy() + shift, end.to_numpy() + shift
+        moved = shifted(table, times, params[rank])
+        start_ns, end_ns = (moved.column(c).to_numpy() for c in times)
     step, category = table.column("step"), table.column("category")
     return Kernels(
         start_ns=start_ns,

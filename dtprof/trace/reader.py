@@ -292,7 +292,7 @@ def _align(
     off0, t0, slope = rest[:, 0], rest[:, 1], rest[:, 2]
     drift = bool(slope.any())
     # without drift the shift is one number per rank: no float pass over the stamps
-    shift = np.array([constant_shift(params[k]) for k in keys], dtype=np.int64)[idx]
+    shift = np.array([_constant_shift(params[k]) for k in keys], dtype=np.int64)[idx]
     for col in columns:
         nullable = df[col].hasnans
         local = df[col].to_numpy(dtype="int64", na_value=0)
@@ -335,7 +335,7 @@ def table_frame(
     drift = any(params[r][3] for r, _ in by_rank)
     present = by_rank[0][1].schema.names  # all of the table's columns, or some
     times = [c for c in table.time_columns if c in present]
-    parts = [t if drift else _shifted(t, times, params[r]) for r, t in by_rank]
+    parts = [t if drift else shifted(t, times, params[r]) for r, t in by_rank]
     data = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
     df = data.to_pandas(types_mapper=_NULLABLE_INTS.get)
     counts = [t.num_rows for _, t in by_rank]
@@ -359,15 +359,15 @@ def _empty_frame(table: Table) -> pd.DataFrame:
     return df
 
 
-def constant_shift(params: ClockParams) -> int:
+def _constant_shift(params: ClockParams) -> int:
     """What moves a rank's stamps onto rank 0's clock when its clock does not drift (ns)."""
     base, off0, _, _ = params
     return int(base) - int(np.rint(off0))
 
 
-def _shifted(t: pa.Table, times: list[str], params: ClockParams) -> pa.Table:
+def shifted(t: pa.Table, times: list[str], params: ClockParams) -> pa.Table:
     """t with its times moved onto rank 0's clock by the rank's constant offset (no drift)."""
-    shift = pa.scalar(constant_shift(params), pa.int64())
+    shift = pa.scalar(_constant_shift(params), pa.int64())
     for name in times:
         i = t.schema.get_field_index(name)
         t = t.set_column(i, name, pc.add(t.column(i), shift))
