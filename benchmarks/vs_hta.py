@@ -20,6 +20,11 @@
    page tables of the process it reads, under its memory map's lock), so every command runs
    twice in turn: timed alone, then with its memory sampled. The times come from the first
    run, the peaks from the second.
+   Where the native reader is built, a third dtprof row times a floor for the cold run: a
+   process that does only what a cold ``analyze`` cannot skip, importing the analyzer's
+   libraries while a thread scans the files with the native reader, then scanning beside that
+   thread until every file is read, both CPUs busy from the start (on two), and none of the
+   mapping, caching, summarizing, checks or report. No cold run of this design can be quicker.
 4. Prints a table of medians with the ratios, and both tools' figures for rank 0.
 """
 
@@ -58,6 +63,38 @@ o0 = ov[ov["rank"] == 0].iloc[0]
 print(json.dumps({"idle": float(r0["idle_time_pctg"]), "compute": float(r0["compute_time_pctg"]),
                   "non_compute": float(r0["non_compute_time_pctg"]),
                   "overlap": float(o0["comp_comm_overlap_pctg"])}))
+"""
+
+
+# what a cold analyze cannot skip: the imports, and the native reader's scan of every file
+FLOOR_SCRIPT = """
+import os, sys, threading
+from pathlib import Path
+import dtprof.cli as cli
+from dtprof.trace import kineto_ahead
+files = kineto_ahead.kineto_files(Path(sys.argv[1]))
+lib = kineto_ahead.open_library(kineto_ahead.library_path())
+lock = threading.Lock()
+def scan():
+    while True:
+        with lock:
+            if not files:
+                return
+            name = os.fsencode(files.pop())
+        result = lib.dtprof_kineto_scan_file(name)  # without the GIL
+        status = lib.dtprof_kineto_status(result)
+        lib.dtprof_kineto_free(result)
+        if status:
+            os._exit(3)  # given back to the Python reader: no floor to time
+thread = threading.Thread(target=scan)
+thread.start()
+cli._OWN_PROCESS = True
+with cli._importing():
+    from dtprof.analysis import analyze
+    from dtprof.analysis.render import markdown, text
+scan()
+thread.join()
+os._exit(0)
 """
 
 
@@ -204,6 +241,9 @@ def main() -> None:
             runs.setdefault("dtprof analyze, cold", []).append(run)
             run, out = measure(dtprof_cmd, env)
             runs.setdefault("dtprof analyze, warm", []).append(run)
+            if library is not None:
+                run, _ = measure([sys.executable, "-c", FLOOR_SCRIPT, str(folder)], env)
+                runs.setdefault("floor: imports + scans alone", []).append(run)
             gpu = json.loads(out)["summary"]["gpu"]["ranks"][0]
             figures["dtprof"] = {
                 "idle": gpu["idle_pct"], "compute": gpu["compute_pct"],
