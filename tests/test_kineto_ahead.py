@@ -12,7 +12,7 @@ import pytest
 
 from dtprof.analysis import analyze
 from dtprof.cli import main
-from dtprof.trace import kineto_ahead
+from dtprof.trace import importer, kineto_ahead
 from dtprof.trace.importer import import_kineto
 from dtprof.trace.kineto import read_kineto
 from tests import kinetobuild as kb
@@ -92,6 +92,42 @@ def test_the_first_take_lets_the_scan_go_on_and_the_second_stops_it(tmp_path: Pa
     assert lib.started == [str(f[2]), str(f[1])] and ahead.take(f[1]) == 1002
 
 
+def test_scanning_every_file_goes_on_after_takes_and_stays_a_few_files_ahead(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(kineto_ahead, "WAITING_AT_MOST", 2)
+    lib = FakeScanner()
+    f = files(tmp_path, 5)
+    ahead = kineto_ahead.ScanAhead(lib, f, every=True)  # type: ignore[arg-type]
+    lib.wait_started(1)
+    assert ahead.next_of(f[::-1]) == 1  # nothing scanned: one not being scanned, read here
+    assert ahead.next_of([f[4]]) == 0  # or the one being scanned, the only one left
+    lib.release[str(f[4])].set()
+    lib.wait_started(2)
+    lib.release[str(f[3])].set()
+    with ahead._cond:
+        assert ahead._cond.wait_for(lambda: len(ahead._scanned) == 2, 10)
+    assert ahead.next_of([f[4], f[2], f[3]]) == 0  # the first one scanned already
+    assert ahead.next_of([f[2], f[3]]) == 1
+    ahead._thread.join(0.2)
+    assert lib.started == [str(f[4]), str(f[3])]  # two waiting: it waits for room
+    assert ahead.take(f[4]) == 1001 and ahead.take(f[2]) is None  # a second take: it goes on
+    lib.wait_started(3)
+    assert lib.started[2] == str(f[1])  # f[2] was taken, to be scanned by the taker
+    lib.release[str(f[1])].set()
+    with ahead._cond:
+        assert ahead._cond.wait_for(lambda: len(ahead._scanned) == 2, 10)
+    ahead._thread.join(0.2)
+    assert len(lib.started) == 3  # two waiting again
+    assert ahead.take(f[3]) == 1002
+    lib.wait_started(4)
+    lib.release[str(f[0])].set()
+    ahead._thread.join(10)
+    assert not ahead._thread.is_alive()
+    assert [ahead.take(p) for p in (f[1], f[0])] == [1003, 1004]
+    assert lib.freed == []
+
+
 def test_the_first_workers_file_is_inherited_by_the_worker_forked_next(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -169,16 +205,16 @@ def test_the_importer_keeps_files_scanned_ahead_for_its_own_process(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     native_reader_or_skip()
-    monkeypatch.setattr(os, "cpu_count", lambda: 2)  # one worker process beside this one
+    monkeypatch.setattr(os, "cpu_count", lambda: 3)  # two worker processes beside this one
     folder = tmp_path / "k"
     for r in range(4):
         kb.write(folder, f"rank{r}.json", kb.trace(r, world=4))
     plain = import_kineto(folder, tmp_path / "plain")
     ahead = kineto_ahead.start(folder)
-    assert ahead is not None
+    assert ahead is not None and not ahead.every
     ahead._thread.join(10)  # this process's share and the worker's first file: nothing more
     scanned = set(ahead._scanned)
-    assert scanned == {os.path.abspath(folder / f"rank{r}.json") for r in (0, 2, 3)}  # 4 / 2
+    assert scanned == {os.path.abspath(folder / f"rank{r}.json") for r in (0, 2, 3)}  # 4 / 3
     taken: list[Path] = []
     take = ahead.take
     monkeypatch.setattr(ahead, "take", lambda path: taken.append(path) or take(path))
@@ -189,6 +225,33 @@ def test_the_importer_keeps_files_scanned_ahead_for_its_own_process(
     mine = {os.path.abspath(folder / f"rank{r}.json") for r in (2, 3)}
     assert ahead._scanned == {} and mine <= {os.path.abspath(p) for p in taken}
     assert os.path.abspath(taken[0]) == os.path.abspath(folder / "rank3.json")  # before the fork
+    assert [m for m, _ in metas] == [m for m, _ in plain]
+
+
+def test_on_two_cpus_the_importer_reads_every_file_alone_beside_the_scan(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    native_reader_or_skip()
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    folder = tmp_path / "k"
+    for r in range(4):
+        kb.write(folder, f"rank{r}.json", kb.trace(r, world=4))
+    plain = import_kineto(folder, tmp_path / "plain")
+    ahead = kineto_ahead.start(folder)
+    assert ahead is not None and ahead.every
+    taken: list[Path] = []
+    take = ahead.take
+    monkeypatch.setattr(ahead, "take", lambda path: taken.append(path) or take(path))
+
+    def no_worker(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a worker process was started")
+
+    monkeypatch.setattr(importer, "run_beside", no_worker)
+    metas = import_kineto(folder, tmp_path / "ahead")
+    assert sorted(map(os.path.abspath, taken)) == [
+        os.path.abspath(folder / f"rank{r}.json") for r in range(4)
+    ]
+    assert ahead._scanned == {}
     assert [m for m, _ in metas] == [m for m, _ in plain]
 
 
@@ -209,13 +272,22 @@ def test_start_only_for_profiler_traces_to_read(
     with monkeypatch.context() as m:
         m.setenv("DTPROF_NATIVE_DIR", str(tmp_path / "not-built"))
         assert kineto_ahead.start(folder) is None  # the importer builds it, and says so
-    for cpus, share in ((1, 2), (2, 1), (16, 1)):  # files over CPUs: this process's share
+    more = tmp_path / "more"
+    for r in range(4):
+        kb.write(more, f"rank{r}.json", kb.trace(r))
+    last_first = [str(more / f"rank{r}.json") for r in (3, 2, 1, 0)]
+    for cpus, share in ((1, 4), (2, 4), (3, 2), (16, 1)):  # files over CPUs: this process's
         monkeypatch.setattr(os, "cpu_count", lambda cpus=cpus: cpus)
-        ahead = kineto_ahead.start(folder)
-        last_first = [str(folder / f"rank{r}.json") for r in (1, 0)]
+        ahead = kineto_ahead.start(more)
         assert ahead is not None and ahead._order[:share] == last_first[:share]
-        handed = [] if cpus == 1 else [str(folder / "rank0.json")]  # with a worker: its first
+        alone = cpus <= 2  # no worker: every file is this process's, scanned whatever it takes
+        handed = [] if alone else [str(more / "rank0.json")]  # with workers: their first
         assert ahead._order[share:] == handed and ahead._handed == (handed or [None])[0]
+        assert ahead.every == alone
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    ahead = kineto_ahead.start(folder)  # two files: one worker at most, so none
+    two = [str(folder / f"rank{r}.json") for r in (1, 0)]
+    assert ahead is not None and ahead.every and ahead._order == two
     assert kineto_ahead.start(folder / "rank0.json") is not None  # one file
     kineto_ahead.stop()
     assert kineto_ahead.current() is None

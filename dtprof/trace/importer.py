@@ -204,7 +204,9 @@ def _run(
     progress: bool,
 ) -> dict[int, tuple[int, str, int, dict[str, Any], Any]]:
     """Convert every file: in this process and, with more CPUs, in worker processes beside it
-    (dtprof.beside: this one takes files from the last, the workers from the first).
+    (dtprof.beside: this one takes files from the last, the workers from the first). Where a
+    thread scans every file ahead (kineto_ahead, on two CPUs), this process converts them all
+    alone, each scanned file first, scanning one itself when none is ready.
 
     That is the order in which files scanned ahead during the imports (kineto_ahead) were
     scanned, and those stay with this process, but for the first file, whose scan the worker
@@ -228,6 +230,13 @@ def _run(
                 file=sys.stderr,
                 flush=True,
             )
+
+    if ahead is not None and ahead.every:  # alone, a thread scanning every file (two CPUs)
+        left = list(reversed(range(len(files))))
+        while left:
+            i = left.pop(ahead.next_of([files[j] for j in left]))
+            finished(i, _convert_job(jobs[i]))
+        return done
 
     def scanned_here(i: int) -> bool:
         """Whether a file was (or is being) scanned ahead; if not, it is kept from the scan."""

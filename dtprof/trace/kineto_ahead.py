@@ -8,12 +8,13 @@ native reader (``kineto_scan.cpp``) meanwhile. The scan runs in C without the GI
 imports.
 
 The thread scans from the last file backwards, the order in which the importer's own process
-takes files, and at most that process's share of them (the files over the CPUs); then the
-first file, the first one handed to a worker process
-(:func:`dtprof.trace.importer.import_kineto`). The workers take files from the first, and no
-other file scanned here. Only the process that started the thread takes its results, but for
-that first file: the worker forked next inherits its scan (it inherits the object, not the
-thread).
+takes files. On two CPUs (or one) that process reads every file alone, with no worker beside
+it, and the thread scans them all, staying at most a few files ahead. With more CPUs it scans
+that process's share of them (the files over the CPUs), then the first file, the first one
+handed to a worker process (:func:`dtprof.trace.importer.import_kineto`). The workers take
+files from the first, and no other file scanned here. Only the process that started the
+thread takes its results, but for that first file: the worker forked next inherits its scan
+(it inherits the object, not the thread).
 """
 
 from __future__ import annotations
@@ -114,9 +115,13 @@ def _key(path: Path) -> str:
     return os.path.abspath(path)
 
 
+WAITING_AT_MOST = 6  # scans not taken yet, scanning every file: about 10 MB each (V100 rank)
+
+
 class ScanAhead:
     """One thread scanning files with the native reader: this process's share, last file first,
-    then the first file of the worker forked beside it (``handed``).
+    then the first file of the worker forked beside it (``handed``); or, with ``every``, every
+    file for this process reading them all alone, at most WAITING_AT_MOST ahead of it.
 
     This process converts its first file before the worker forks (importer, beside.run_beside's
     ``first_here``), so the worker starts with all that process's imports and first calls done.
@@ -124,9 +129,16 @@ class ScanAhead:
     is inherited by the worker: neither CPU waits. The thread stops when a file is reserved for
     a worker or a second file is taken here: from then on the importer's processes keep the
     CPUs busy, and one more scan would only take turns with them. Results wait here until
-    taken, or are freed by close()."""
+    taken, or are freed by close(). Scanning every file, it goes on whatever is taken."""
 
-    def __init__(self, lib: ctypes.CDLL, files: list[Path], handed: Path | None = None) -> None:
+    def __init__(
+        self,
+        lib: ctypes.CDLL,
+        files: list[Path],
+        handed: Path | None = None,
+        every: bool = False,
+    ) -> None:
+        self.every = every
         self._lib = lib
         self._pid = os.getpid()
         self._handed = _key(handed) if handed is not None else None
@@ -156,7 +168,9 @@ class ScanAhead:
     def _run(self) -> None:
         for name in self._order:
             with self._cond:
-                if self._closed or self._taking:
+                while self.every and len(self._scanned) >= WAITING_AT_MOST and not self._closed:
+                    self._cond.wait()
+                if self._closed or (self._taking and not self.every):
                     return
                 if name in self._claimed:
                     continue
@@ -189,7 +203,19 @@ class ScanAhead:
             while self._scanning == name:
                 self._cond.wait()
             self._claimed.add(name)
+            self._cond.notify_all()  # room for one more scan, scanning every file
             return self._scanned.pop(name, None)
+
+    def next_of(self, paths: list[Path]) -> int:
+        """Which of these files this process, reading every file alone, best reads next (an
+        index into them): the first scanned already, else the first not being scanned (it scans
+        that one itself, beside the thread), else the one being scanned (it waits for it)."""
+        names = [_key(p) for p in paths]
+        with self._cond:
+            for k, name in enumerate(names):
+                if name in self._scanned:
+                    return k
+            return next((k for k, name in enumerate(names) if name != self._scanning), 0)
 
     def _inherited(self, name: str) -> int | None:
         """In a worker: the handed file's scan for that file (once); any other file first, and
@@ -263,11 +289,16 @@ def start(path: str | os.PathLike[str], even_if_cached: bool = False) -> ScanAhe
         if not library.is_file():
             return None  # the importer builds it, and reports a failed build
         stop()
-        # this process's share, and the first file of the workers beside it (dtprof.beside)
         workers = workers_for(len(files))
-        share = -(-len(files) // (workers + 1))
-        handed = files[0] if workers and len(files) > share else None
-        _current = ScanAhead(open_library(library), files[-share:], handed)
+        if workers <= 1:
+            # On two CPUs, this process reads every file alone, with the thread scanning them:
+            # a forked worker cost more CPU (the fork, copy-on-write faults) than it saved.
+            _current = ScanAhead(open_library(library), files, every=True)
+        else:
+            # this process's share, and the first file of the workers beside it (dtprof.beside)
+            share = -(-len(files) // (workers + 1))
+            handed = files[0] if len(files) > share else None
+            _current = ScanAhead(open_library(library), files[-share:], handed)
     except (OSError, AttributeError):  # unreadable, or a library of another version
         return None
     return _current
