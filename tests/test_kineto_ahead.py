@@ -12,6 +12,7 @@ import pytest
 
 from dtprof.analysis import analyze
 from dtprof.cli import main
+from dtprof.errors import DtprofError
 from dtprof.trace import importer, kineto_ahead
 from dtprof.trace.importer import import_kineto
 from dtprof.trace.kineto import read_kineto
@@ -253,6 +254,26 @@ def test_on_two_cpus_the_importer_reads_every_file_alone_beside_the_scan(
     ]
     assert ahead._scanned == {}
     assert [m for m, _ in metas] == [m for m, _ in plain]
+
+
+def test_alone_a_failed_write_is_one_error_naming_the_file_and_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    native_reader_or_skip()
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    folder = tmp_path / "k"
+    for r in range(2):
+        kb.write(folder, f"rank{r}.json", kb.trace(r, world=2))
+    assert kineto_ahead.start(folder) is not None
+
+    def full(folder: Path, tables: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(importer, "_write_tables", full)
+    out = tmp_path / "out"
+    with pytest.raises(DtprofError, match=r"rank\d\.json: cannot write its conversion \(OSError"):
+        import_kineto(folder, out)
+    assert list(tmp_path.iterdir()) == [folder]  # neither the conversion nor its draft
 
 
 def test_start_only_for_profiler_traces_to_read(

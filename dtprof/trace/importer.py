@@ -109,9 +109,14 @@ def _fallback_ranks(files: list[Path]) -> list[tuple[int, str]]:
 
 
 def _convert_one(
-    file: Path, fallback: tuple[int, str], out: Path | None, per_rank: PerRank | None
+    file: Path,
+    fallback: tuple[int, str],
+    out: Path | None,
+    per_rank: PerRank | None,
+    write: Callable[[Path, dict[str, pa.Table]], Any] | None = None,
 ) -> tuple[int, str, int, dict[str, Any], Any]:
-    """Parse, map, write (when out is given) and run per_rank on one file, in a worker."""
+    """Parse, map, write (when out is given: with ``write``, else _write_tables) and run
+    per_rank on one file, in a worker."""
     # millions of short-lived dicts from the parser: the cyclic collector would rescan them
     # over and over (it more than doubles the time); none of them form cycles
     collecting = gc.isenabled()
@@ -128,7 +133,7 @@ def _convert_one(
         meta["imported"]["seq_from"] = seq_from.decode()
         del kf
         if out is not None:
-            _write_tables(out, tables)
+            (write or _write_tables)(out, tables)
         result = per_rank(meta, tables) if per_rank is not None else None
     except DtprofError:
         raise
@@ -232,10 +237,7 @@ def _run(
             )
 
     if ahead is not None and ahead.every:  # alone, a thread scanning every file (two CPUs)
-        left = list(reversed(range(len(files))))
-        while left:
-            i = left.pop(ahead.next_of([files[j] for j in left]))
-            finished(i, _convert_job(jobs[i]))
+        _alone(files, jobs, ahead, finished)
         return done
 
     def scanned_here(i: int) -> bool:
@@ -251,6 +253,36 @@ def _run(
         first_here=ahead is not None,
     )
     return done
+
+
+def _alone(
+    files: list[Path],
+    jobs: list[tuple[Path, tuple[int, str], Path | None, PerRank | None]],
+    ahead: kineto_ahead.ScanAhead,
+    finished: Callable[[int, tuple[int, str, int, dict[str, Any], Any]], None],
+) -> None:
+    """Convert every file here, each scanned one first, while the thread scans the rest. The
+    Parquet files are written by a second thread: Arrow writes them without the GIL, on the
+    CPU the scanning thread leaves free once it is done, while this one goes on."""
+    from concurrent.futures import Future, ThreadPoolExecutor
+
+    writes: list[tuple[Path, Future[None]]] = []  # (the file, the writing of its tables)
+    with ThreadPoolExecutor(1, thread_name_prefix="dtprof-write") as pool:
+        left = list(reversed(range(len(files))))
+        while left:
+            i = left.pop(ahead.next_of([files[j] for j in left]))
+
+            def write(folder: Path, tables: dict[str, pa.Table], file: Path = files[i]) -> None:
+                writes.append((file, pool.submit(_write_tables, folder, tables)))
+
+            finished(i, _convert_one(*jobs[i], write=write))
+        for file, written in writes:
+            try:
+                written.result()
+            except Exception as exc:  # the disk full, say: one line, naming the file
+                raise DtprofError(
+                    f"{file}: cannot write its conversion ({type(exc).__name__}: {exc})"
+                ) from None
 
 
 def _finish(
