@@ -728,3 +728,43 @@ def test_gpu_figures_read_kernels_on_rank_zero_clock(
     assert gpu["kernels"] == 2
     got = gpu[["span_ns", "comm_ns", "overlap_ns"]].to_numpy(float)
     assert np.abs(got - [400, 300, 100]).max() <= (1 if end else 0)
+
+
+def test_the_last_span_is_the_one_that_never_ended_else_the_latest_end_else_the_kernels() -> None:
+    import pandas as pd
+
+    from dtprof.analysis.summarize import _last_span
+
+    base = 1_700_000_000_000_000_000  # epoch ns: past float64's exact integers
+    spans = pd.DataFrame(
+        {
+            "rank": np.int32(0),
+            "step": [0, 1, 2, 3],
+            "name": ["a", "b", "c", "d"],
+            "kind": "region",
+            "start_ns": [base, base + 10, base + 20, base + 30],
+            "end_ns": pd.array([base + 5, base + 41, base + 41, base + 40], dtype="Int64"),
+        }
+    )
+    phases = pd.DataFrame(
+        {
+            "rank": np.int32(0),
+            "step": [3, 4],
+            "name": "gpu-compute",
+            "kind": "phase",
+            "start_ns": [base + 1, base + 35],
+            "end_ns": [base + 2, base + 42],
+        }
+    )
+    assert _last_span(spans, None)["name"].tolist() == ["c"]  # of equal ends, the later
+    assert _last_span(spans, phases)["name"].tolist() == ["gpu-compute"]  # ends 1 ns later
+    phases.loc[1, "end_ns"] = base + 41
+    assert _last_span(spans, phases)["step"].tolist() == [4]  # equal: the phases come after
+    phases.loc[1, "end_ns"] = base + 40
+    assert _last_span(spans, phases)["name"].tolist() == ["c"]
+    spans.loc[[0, 1], "end_ns"] = pd.NA  # never ended: the last of those, whatever else
+    assert _last_span(spans, phases)["name"].tolist() == ["b"]
+    assert list(_last_span(spans.iloc[:0], phases).columns) == [
+        "rank", "step", "name", "kind", "end_ns"
+    ]  # fmt: skip
+    assert _last_span(spans.iloc[:0], None).empty

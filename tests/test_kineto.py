@@ -501,3 +501,26 @@ def test_import_workers_never_collect_garbage_they_inherit(tmp_path: Path) -> No
         pytest.fail("the import hung: a worker collected garbage it inherited")
     assert proc.returncode == 0, out
     assert out.strip().splitlines()[-1] == "[0, 1]", out
+
+
+def test_union_and_intersection_sweeps_agree_with_counting_every_nanosecond() -> None:
+    import numpy as np
+
+    from dtprof.analysis.gpu import intersection_ns, union
+
+    rng = np.random.default_rng(5)
+    for _ in range(200):
+        sets = []
+        for _ in range(2):
+            n = int(rng.integers(0, 12))
+            start = rng.integers(0, 200, n)
+            end = start + rng.integers(0, 30, n)  # empty, touching and nested ones too
+            covered = np.zeros(260, bool)
+            for s, e in zip(start, end, strict=True):
+                covered[s:e] = True
+            u = union(start.astype(np.int64), end.astype(np.int64))
+            assert int((u[1] - u[0]).sum()) == covered.sum()
+            assert (u[0][1:] > u[1][:-1]).all()  # disjoint, in order, touching ones merged
+            sets.append((u, covered))
+        (a, in_a), (b, in_b) = sets
+        assert intersection_ns(a, b) == (in_a & in_b).sum() == intersection_ns(b, a)
