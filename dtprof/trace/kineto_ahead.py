@@ -115,7 +115,7 @@ def _key(path: Path) -> str:
     return os.path.abspath(path)
 
 
-WAITING_AT_MOST = 6  # scans not taken yet, scanning every file: about 10 MB each (V100 rank)
+WAITING_AT_MOST = 6  # scans not taken yet, scanning every file: about 9 MB each (a V100 rank)
 
 
 class ScanAhead:
