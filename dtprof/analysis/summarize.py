@@ -64,7 +64,7 @@ Tables = Path | dict[str, pa.Table]  # a rank folder, or an importer's tables in
 
 def _table(source: Tables, name: str) -> pa.Table:
     if isinstance(source, dict):
-        return source.get(name, TABLES[name].schema.empty_table())
+        return source.get(name, TABLES[name].empty)
     return read_table(source, TABLES[name])
 
 

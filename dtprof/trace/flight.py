@@ -333,7 +333,7 @@ def _tables(items: list[Entry], groups: dict[str, list[int]], backend: str) -> d
                 schema=table.schema,
             )
         else:
-            out[name] = table.schema.empty_table()
+            out[name] = table.empty
     return out
 
 

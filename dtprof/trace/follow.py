@@ -172,7 +172,7 @@ def read_new(folder: Path, table: Table, cursor: Cursor) -> tuple[pa.Table, Curs
     try:
         names = os.listdir(tdir)
     except FileNotFoundError:
-        return table.schema.empty_table(), cursor, 0
+        return table.empty, cursor, 0
     sealed = _numbers(names, SEALED_PREFIX, ".parquet")
     live = _numbers(names, LIVE_PREFIX, ".arrows")
     pieces: list[pa.Table] = []
@@ -196,7 +196,7 @@ def read_new(folder: Path, table: Table, cursor: Cursor) -> tuple[pa.Table, Curs
             break  # the open segment: it may grow, read on from here next time
         cursor = Cursor(segment=number + 1)
     pieces = [p for p in pieces if p.num_rows]
-    return (pa.concat_tables(pieces) if pieces else table.schema.empty_table()), cursor, nbytes
+    return (pa.concat_tables(pieces) if pieces else table.empty), cursor, nbytes
 
 
 def read_window(folder: Path, table: Table, first: int | None, last: int | None) -> pa.Table:
@@ -208,7 +208,7 @@ def read_window(folder: Path, table: Table, first: int | None, last: int | None)
     try:
         names = os.listdir(tdir)
     except FileNotFoundError:
-        return table.schema.empty_table()
+        return table.empty
     sealed = _numbers(names, SEALED_PREFIX, ".parquet")
     live = _numbers(names, LIVE_PREFIX, ".arrows")
     pieces = []
@@ -222,7 +222,7 @@ def read_window(folder: Path, table: Table, first: int | None, last: int | None)
         if rows is not None and rows.num_rows:
             pieces.append(rows)
     if not pieces:
-        return table.schema.empty_table()
+        return table.empty
     data = pa.concat_tables(pieces)
     step = data.column("step")
     keep = pc.and_(
@@ -271,7 +271,7 @@ def _read_stream(path: Path, table: Table, cursor: Cursor) -> tuple[pa.Table, in
     cursor.rows += sum(b.num_rows for b in batches)
     nbytes = cursor.offset - began
     if not batches or cursor.schema is None:
-        return table.schema.empty_table(), nbytes
+        return table.empty, nbytes
     return conform_table(path, pa.Table.from_batches(batches, schema=cursor.schema), table), nbytes
 
 

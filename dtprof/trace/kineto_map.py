@@ -221,7 +221,7 @@ def collectives_table(
         kernels = _thread_kernels(comm, tid)
         times.append(_thread_collectives(cpu, names, on & is_rpc, on & is_ann, kernels, fields))
     if not fields["op"]:
-        return TABLES["collectives"].schema.empty_table()
+        return TABLES["collectives"].empty
     joined = {key: np.concatenate([t[key] for t in times]) for key in times[0]}
     order = np.argsort(joined["start_ns"], kind="stable")
     rows = order.tolist()
@@ -397,7 +397,7 @@ def samples_table(kf: KinetoFile, steps: pd.DataFrame) -> pa.Table:
     Per (step, device), in that order, allocated then reserved: the last reading that has the
     value (readings in time order, ties in file order), stamped with the group's last time."""
     if not len(kf.memory_ts_ns):
-        return TABLES["samples"].schema.empty_table()
+        return TABLES["samples"].empty
     order = np.argsort(kf.memory_ts_ns, kind="stable")
     ts = kf.memory_ts_ns[order]
     step = step_at(steps, ts)  # non-decreasing, as the times are
@@ -485,7 +485,7 @@ def rank_tables(kf: KinetoFile) -> dict[str, pa.Table]:
     steps = _steps(kf)
     launches = gpu_launches(kf)
     kernels, category = kernels_table(kf, steps, launches)
-    tables = {name: t.schema.empty_table() for name, t in TABLES.items()}
+    tables = {name: t.empty for name, t in TABLES.items()}
     tables.update(
         steps=_table("steps", {c: steps[c] for c in steps.columns}),
         kernels=kernels,

@@ -157,7 +157,7 @@ def read_table(folder: Path, table: Table) -> pa.Table:
     tdir = folder / table.name
     pieces: list[pa.Table] = []
     if not tdir.is_dir():
-        return table.schema.empty_table()
+        return table.empty
     sealed: dict[int, Path] = {}
     live: dict[int, Path] = {}
     for entry in list(os.scandir(tdir)):
@@ -175,10 +175,10 @@ def read_table(folder: Path, table: Table) -> pa.Table:
         stream = _read_stream(live[number], table)
         if stream is None:  # sealed by the running job since the folder was listed
             part = tdir / f"{SEALED_PREFIX}{number:06d}.parquet"
-            stream = _read_parquet(part, table) if part.exists() else table.schema.empty_table()
+            stream = _read_parquet(part, table) if part.exists() else table.empty
         pieces.append(stream)
     if not pieces:
-        return table.schema.empty_table()
+        return table.empty
     return pa.concat_tables(pieces)
 
 
@@ -218,7 +218,7 @@ def _read_stream(path: Path, table: Table) -> pa.Table | None:
     except FileNotFoundError:
         return None
     except (OSError, pa.ArrowException):
-        return table.schema.empty_table()  # killed before the stream's schema was written
+        return table.empty  # killed before the stream's schema was written
     return conform_table(path, pa.Table.from_batches(batches, schema=table.schema), table)
 
 
@@ -354,7 +354,7 @@ def table_frame(
 
 @functools.cache
 def _empty_frame(table: Table) -> pd.DataFrame:
-    df = table.schema.empty_table().to_pandas(types_mapper=_NULLABLE_INTS.get)
+    df = table.empty.to_pandas(types_mapper=_NULLABLE_INTS.get)
     df.insert(0, "rank", np.array([], np.int32))
     return df
 
