@@ -230,7 +230,10 @@ def _kernels(folder: Tables, rank: int, params: dict[int, ClockParams]) -> Kerne
 
 def _equal(column: pa.ChunkedArray, value: str) -> np.ndarray:
     """Mask of the rows equal to value (null: False)."""
-    return pc.fill_null(pc.equal(column, value), False).to_numpy(zero_copy_only=False)
+    equal = pc.equal(column, value)
+    if equal.null_count:
+        equal = pc.fill_null(equal, False)
+    return equal.to_numpy(zero_copy_only=False)
 
 
 LAST_SPAN_COLUMNS = ["rank", "step", "name", "kind", "end_ns"]

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import functools
+import re
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -27,9 +28,11 @@ from dtprof.trace.kineto import COMM_ANNOTATION_RE, STEP_RE, KinetoFile
 from dtprof.trace.kineto_events import NO_ARGS, Args, raw_value
 from dtprof.trace.schema import SCHEMA_VERSION, TABLES
 
-COMM_KERNEL_RE = r"^nccl.*Kernel"
-MEMORY_KERNEL_RE = r"^(Memcpy|Memset|dma)"
-OTHER_KERNEL_RE = r"(Memcpy|Sync)"  # neither compute nor communication, as HTA counts them
+COMM_KERNEL = re.compile(r"^nccl.*Kernel")
+MEMORY_KERNEL = re.compile(r"^(Memcpy|Memset|dma)")
+OTHER_KERNEL = re.compile(r"(Memcpy|Sync)")  # neither compute nor communication, as HTA counts
+STEP = re.compile(STEP_RE, re.ASCII)  # as the readers find steps (re.ASCII: \s and \d ASCII)
+COMM_ANNOTATION = re.compile(COMM_ANNOTATION_RE)
 P2P_OPS = {"send", "recv", "isend", "irecv", "recvanysource"}
 OP_NAMES = {
     "allreduce": "all_reduce",
@@ -54,17 +57,30 @@ DTYPE_BYTES = {
 }  # fmt: skip
 
 
-def _matches(names: pa.Array, pattern: str) -> np.ndarray:
-    """Whether each name matches the regex."""
-    return np.asarray(pc.match_substring_regex(names, pattern).to_numpy(zero_copy_only=False))
+class Distinct(NamedTuple):
+    """A string column as its distinct values and, per row, the place of its value (nulls at
+    the place after the last value): a trace repeats a few names thousands of times, so rules
+    run once per distinct name."""
 
+    values: list[str | None]
+    at: np.ndarray
 
-def _regex(names: pa.Array, pattern: str) -> np.ndarray:
-    """Whether each name matches: the regex runs once per distinct name (a trace repeats few)."""
-    if names.null_count or len(names) < 64:
-        return _matches(names, pattern)
-    coded = pc.dictionary_encode(names)
-    return np.asarray(_matches(coded.dictionary, pattern), bool)[coded.indices.to_numpy()]
+    @classmethod
+    def of(cls, names: pa.Array) -> Distinct:
+        coded = pc.dictionary_encode(names)
+        indices = coded.indices
+        if indices.null_count:
+            indices = pc.fill_null(indices, len(coded.dictionary))
+        return cls(coded.dictionary.to_pylist(), indices.to_numpy())
+
+    def found(self, pattern: re.Pattern[str]) -> np.ndarray:
+        """Whether each distinct value matches (``pattern.search``), and then False (nulls)."""
+        found = [v is not None and pattern.search(v) is not None for v in self.values]
+        return np.array([*found, False], bool)
+
+    def matches(self, pattern: re.Pattern[str]) -> np.ndarray:
+        """Whether each row's name matches; nulls do not."""
+        return self.found(pattern)[self.at]
 
 
 def _table(name: str, columns: dict[str, Any]) -> pa.Table:
@@ -85,13 +101,13 @@ def _array(values: Any, type_: pa.DataType) -> pa.Array:
     return pa.array(values, type_)
 
 
-def _steps(kf: KinetoFile) -> pd.DataFrame:
+def _steps(kf: KinetoFile, names: Distinct) -> pd.DataFrame:
     cpu = kf.cpu
-    found = pc.extract_regex(cpu.name, STEP_RE)
-    number = pc.struct_field(found, [0])
-    mask = np.asarray(pc.is_valid(number).to_numpy(zero_copy_only=False))
-    idx = np.flatnonzero(mask)
-    numbers = pc.cast(number.filter(pa.array(mask)), pa.int64()).to_numpy()
+    found = [STEP.search(v) if v is not None else None for v in names.values]
+    number = np.array([int(m.group("number")) if m else -1 for m in found] + [-1], np.int64)
+    each_number = number[names.at]
+    idx = np.flatnonzero(each_number >= 0)
+    numbers = each_number[idx]
     # a step's annotations (one a thread, as a rule) span from the first start to the last end
     step, each = np.unique(numbers, return_inverse=True)
     start = np.full(len(step), np.iinfo(np.int64).max)
@@ -122,16 +138,15 @@ def kernel_category(names: pa.Array, cats: pa.Array) -> np.ndarray:
         ),
         bool,
     )
-    coded = pc.dictionary_encode(names)  # the rules run once per distinct name
-    distinct = coded.dictionary
-    by_name = np.full(len(distinct) + 1, COMPUTE, np.int8)  # the last: no name
-    by_name[:-1][_matches(distinct, OTHER_KERNEL_RE)] = OTHER  # names already distinct
-    by_name[:-1][_matches(distinct, MEMORY_KERNEL_RE)] = MEMORY
-    by_name[:-1][_matches(distinct, COMM_KERNEL_RE)] = COMMUNICATION
-    indices = coded.indices
-    if indices.null_count:
-        indices = pc.fill_null(indices, len(distinct))
-    out = by_name[indices.to_numpy()]
+    distinct = Distinct.of(names)  # the rules run once per distinct name
+    by_name = np.full(len(distinct.values) + 1, COMPUTE, np.int8)  # the last: no name
+    for rule, category in (
+        (OTHER_KERNEL, OTHER),
+        (MEMORY_KERNEL, MEMORY),
+        (COMM_KERNEL, COMMUNICATION),
+    ):
+        by_name[distinct.found(rule)] = category  # later rules win
+    out = by_name[distinct.at]
     out[memcat & (out != COMMUNICATION)] = MEMORY
     return out
 
@@ -206,12 +221,17 @@ ARG_COLUMNS = ("group", "seq", "op", "bytes", "dtype", "peer")  # collectives' c
 
 
 def collectives_table(
-    kf: KinetoFile, steps: pd.DataFrame, category: np.ndarray, launches: Launches
+    kf: KinetoFile,
+    steps: pd.DataFrame,
+    category: np.ndarray,
+    launches: Launches,
+    cpu_names: Distinct,
 ) -> pa.Table:
     """One row per collective call (rules in the module doc), seq from "Seq" or call order."""
     cpu = kf.cpu
-    is_rpc = np.asarray(pc.equal(cpu.name, "record_param_comms").to_numpy(zero_copy_only=False))
-    is_ann = _regex(cpu.name, COMM_ANNOTATION_RE)
+    rpc = [v == "record_param_comms" for v in cpu_names.values]
+    is_rpc = np.array([*rpc, False])[cpu_names.at]
+    is_ann = cpu_names.matches(COMM_ANNOTATION)
     names = cpu.name.to_pylist() if (is_rpc | is_ann).any() else []
     comm = _comm_launches(kf, category, launches)
     fields: dict[str, list[Any]] = {c: [] for c in ARG_COLUMNS}
@@ -435,12 +455,12 @@ def _run_ends(values: np.ndarray) -> np.ndarray:
     return np.flatnonzero(np.append(values[1:] != values[:-1], True))
 
 
-def spans_table(kf: KinetoFile, steps: pd.DataFrame) -> pa.Table:
+def spans_table(kf: KinetoFile, steps: pd.DataFrame, names: Distinct) -> pa.Table:
     """User annotations other than steps and communication: regions at depth 0."""
     cpu = kf.cpu
     annotation = pc.fill_null(pc.equal(kf.cpu_cat, "user_annotation"), False)  # null: no cat
     keep = np.asarray(annotation.to_numpy(zero_copy_only=False), bool)
-    keep &= ~_regex(cpu.name, STEP_RE) & ~_regex(cpu.name, COMM_ANNOTATION_RE)
+    keep &= ~names.matches(STEP) & ~names.matches(COMM_ANNOTATION)
     idx = np.flatnonzero(keep)
     return _table(
         "spans",
@@ -482,16 +502,17 @@ SEQ_FROM = b"dtprof.seq_from"  # collectives' schema metadata: "trace" or "call 
 
 def rank_tables(kf: KinetoFile) -> dict[str, pa.Table]:
     """Every dtprof table of one Kineto file, times as written (ns, relative to base_ns)."""
-    steps = _steps(kf)
+    names = Distinct.of(kf.cpu.name)
+    steps = _steps(kf, names)
     launches = gpu_launches(kf)
     kernels, category = kernels_table(kf, steps, launches)
     tables = {name: t.empty for name, t in TABLES.items()}
     tables.update(
         steps=_table("steps", {c: steps[c] for c in steps.columns}),
         kernels=kernels,
-        collectives=collectives_table(kf, steps, category, launches),
+        collectives=collectives_table(kf, steps, category, launches, names),
         samples=samples_table(kf, steps),
-        spans=spans_table(kf, steps),
+        spans=spans_table(kf, steps, names),
         groups=groups_table(kf),
     )
     return tables
