@@ -20,6 +20,7 @@ import pytest
 from dtprof.errors import DtprofError
 from dtprof.trace import kineto_native
 from dtprof.trace.kineto import Cols, KinetoFile, read_kineto
+from dtprof.trace.kineto_map import gpu_launches, kernel_category
 from tests import kinetobuild as kb
 from tests.conftest import native_reader_or_skip
 
@@ -34,10 +35,24 @@ def reader() -> None:
 
 
 def assert_same(native: KinetoFile, python: KinetoFile) -> None:
-    """Every field equal, arrays of the same type (NaN equal to NaN)."""
+    """Every field equal, arrays of the same type (NaN equal to NaN); what the native reader
+    maps itself equal to what the mapping works out from the Python reader's columns."""
     assert native.reader == "native" and python.reader == "python"
+    assert python.gpu_category is None and python.gpu_launch is None
+    assert native.gpu_category is not None and native.gpu_launch is not None
+    mapped = {
+        "gpu_category": kernel_category(python.gpu.name, python.gpu_cat),
+        "gpu_launch": tuple(gpu_launches(python)),
+    }
     for field in dataclasses.fields(KinetoFile):
-        if field.name != "reader":
+        if field.name in mapped:
+            want = mapped[field.name]
+            got = getattr(native, field.name)
+            for k, (a, b) in enumerate(
+                zip(got, want, strict=True) if isinstance(got, tuple) else [(got, want)]
+            ):
+                _same(a, b, f"{field.name}[{k}]")
+        elif field.name != "reader":
             _same(getattr(native, field.name), getattr(python, field.name), field.name)
 
 
@@ -106,6 +121,53 @@ def test_reads_what_the_python_reader_reads(
     assert isinstance(native, KinetoFile) and isinstance(python, KinetoFile), (native, python)
     assert_same(native, python)
     assert len(native.gpu) and len(native.cpu) and len(native.memory_ts_ns)
+
+
+def test_kernel_categories_and_launches_as_the_mapping_finds_them(tmp_path: Path) -> None:
+    from dtprof.trace.kineto_map import COMMUNICATION, COMPUTE, MEMORY, OTHER
+
+    kernels = [  # (category, name, expected): every rule, and which one wins
+        ("kernel", "ncclDevKernel_AllReduce_Sum_f32", COMMUNICATION),
+        ("kernel", "ncclKernel_Memcpy_Sync", COMMUNICATION),  # the last rule wins
+        ("kernel", "nccl\nKernel", COMPUTE),  # ".*" stops at a line break
+        ("kernel", "nccl: Kernel\n", COMMUNICATION),
+        ("kernel", "xncclKernel", COMPUTE),  # not at the start
+        ("kernel", "cudaStreamSync_wait", OTHER),
+        ("kernel", "void copy<Memcpy>()", OTHER),
+        ("kernel", "Memcpy HtoD", MEMORY),
+        ("kernel", "dma_copy", MEMORY),
+        ("kernel", "Memset é \u2603", MEMORY),
+        ("gpu_memcpy", "void gemm()", MEMORY),  # a memory category, whatever the name
+        ("gpu_memset", "ncclKernel_x", COMMUNICATION),  # but communication stays so
+        ("Memcpy", "Sync", MEMORY),
+        ("kernel", None, COMPUTE),  # no name
+    ]
+    events: list[dict[str, Any]] = []
+    for i, (cat, name, _) in enumerate(kernels):
+        event = kb._gpu(cat, name or "", kb.COMPUTE_STREAM, 100 + i, 1, 50 - 3 * i)
+        if name is None:
+            del event["name"]
+        events.append(event)
+    events.append(kb._gpu("kernel", "k", 7, 5, 1, 10_000))  # past every launch's correlation
+    events.append(kb._gpu("kernel", "k", 7, 5, 1, -3))  # before every one
+    events.append(kb._launch(1, 50, tid=1))
+    events.append(kb._launch(2, 47, tid=2))
+    events.append(kb._launch(3, 47, tid=3))  # the same correlation again: the first one counts
+    events.append(kb._launch(4, 44, tid=4))
+    events.append(kb._launch(5, 9_000, tid=5))  # the highest: the nearest of the one past it
+    launch = kb._launch(6, 0, tid=6)
+    del launch["args"]["correlation"]  # none: matches nothing
+    events.append(launch)
+    native, python = both(kb.write(tmp_path, "k.json", {"traceEvents": events}))
+    assert isinstance(native, KinetoFile) and isinstance(python, KinetoFile), (native, python)
+    assert_same(native, python)
+    assert native.gpu_category is not None and native.gpu_launch is not None
+    assert native.gpu_category[: len(kernels)].tolist() == [want for *_, want in kernels]
+    found, ts_ns, tid = native.gpu_launch
+    # correlations 50, 47, 44, 41, ...: launched at 1, 2 (and again at 3) and 4 µs
+    assert found.tolist()[:4] == [True, True, True, False] and not found[len(kernels) :].any()
+    assert ts_ns[:4].tolist() == [1000, 2000, 4000, 0] and tid[1] == 2  # file order on a tie
+    assert tid[len(kernels)] == 5  # past every correlation: the last launch's thread
 
 
 @pytest.mark.parametrize(

@@ -120,6 +120,11 @@ class KinetoFile:
     memory_reserved: np.ndarray
     events: int
     reader: str = "python"  # or "native": kineto_native.py read it
+    # worked out by the native reader, in its scanning thread; else None, and the mapping
+    # works them out: each GPU event's category (kineto_map.kernel_category) and its launch
+    # (kineto_map.gpu_launches: whether found, its ns, its thread)
+    gpu_category: np.ndarray | None = None
+    gpu_launch: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
     @property
     def base_ns(self) -> int:

@@ -160,7 +160,10 @@ class Launches(NamedTuple):
 
 
 def gpu_launches(kf: KinetoFile) -> Launches:
-    """Each GPU event's launch, found by correlation id (one sort of the launches per file)."""
+    """Each GPU event's launch, found by correlation id (one sort of the launches per file), or
+    as the native reader found it."""
+    if kf.gpu_launch is not None:
+        return Launches(*kf.gpu_launch)
     n = len(kf.gpu_correlation)
     order = np.argsort(kf.launch_correlation, kind="stable")
     corr = kf.launch_correlation[order]
@@ -176,7 +179,9 @@ def kernels_table(
     kf: KinetoFile, steps: pd.DataFrame, launches: Launches
 ) -> tuple[pa.Table, np.ndarray]:
     """The kernels table, and each GPU event's category."""
-    category = kernel_category(kf.gpu.name, kf.gpu_cat)
+    category = kf.gpu_category
+    if category is None:  # else as the native reader found them, by the same rules
+        category = kernel_category(kf.gpu.name, kf.gpu_cat)
     step = pa.array(step_at(steps, launches.ts_ns), pa.int64(), mask=~launches.found)
     table = _table(
         "kernels",

@@ -228,7 +228,14 @@ def read(path: Path) -> KinetoFile | str:
     if isinstance(scanned, str):
         return scanned
     cols, events, header, comm_args = scanned
-    gpu_ts, launch_ts, cpu_ts = (ns_from_us(cols[f"{g}_ts"]) for g in ("gpu", "launch", "cpu"))
+    mapped = "gpu_category" in cols  # the scan converted the GPU and launch stamps too
+    if mapped:
+        gpu_ts, gpu_end, launch_ts = cols["gpu_ts_ns"], cols["gpu_end_ns"], cols["launch_ts_ns"]
+    else:
+        gpu_ts = ns_from_us(cols["gpu_ts"])  # in the Python reader's order: it names the first
+        gpu_end = gpu_ts + np.maximum(ns_from_us(cols["gpu_dur"]), 0)  # stamp out of range
+        launch_ts = ns_from_us(cols["launch_ts"])
+    cpu_ts = ns_from_us(cols["cpu_ts"])
     gpu_tid, stream = cols["gpu_tid"], cols["gpu_stream"]
     launch_correlation = cols["launch_correlation"]
     keep = launch_correlation >= 0  # a launch without one matches no GPU event
@@ -238,7 +245,7 @@ def read(path: Path) -> KinetoFile | str:
         gpu=Cols(
             strings(cols, "gpu_name"),
             gpu_ts,
-            gpu_ts + np.maximum(ns_from_us(cols["gpu_dur"]), 0),
+            gpu_end,
             cols["gpu_pid"],
             gpu_tid,
             args=[],
@@ -265,6 +272,16 @@ def read(path: Path) -> KinetoFile | str:
         memory_reserved=cols["memory_reserved"],
         events=events,
         reader="native",
+        gpu_category=cols["gpu_category"].astype(np.int8) if mapped else None,
+        gpu_launch=(
+            (
+                cols["gpu_launch_found"].astype(bool),
+                cols["gpu_launch_ts_ns"],
+                cols["gpu_launch_tid"],
+            )
+            if mapped
+            else None
+        ),
     )
 
 

@@ -19,6 +19,7 @@
 #define DTPROF_ZLIB 1  // gzipped files inflated here (the build links -lz)
 #endif
 
+#include <algorithm>
 #include <charconv>
 #ifdef __SSE2__
 #include <emmintrin.h>
@@ -31,6 +32,7 @@
 #include <new>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 extern "C" void* dtprof_kineto_scan(const char* text, int64_t length, int release);
@@ -102,8 +104,20 @@ struct Columns {
   }
 };
 
+// What the importer's mapping (dtprof/trace/kineto_map.py) derives from the GPU events and the
+// launches alone, worked out here, in the scanning thread, rather than in Python: the GPU
+// events' times in ns, each one's category and its CUDA launch. Left undone where a stamp is
+// out of range: Python converts the stamps then, and says so.
+struct Mapped {
+  bool done = false;
+  std::vector<int64_t> gpu_ts_ns, gpu_end_ns, launch_ts_ns;
+  std::vector<int64_t> gpu_category;  // kernel_map.CATEGORIES' places
+  std::vector<int64_t> launch_found, launch_at_ns, launch_at_tid;  // per GPU event
+};
+
 struct Result {
   Columns cols;
+  Mapped mapped;
   int status = 0;  // 0: read; 1: given back to the Python reader; 2: gzip (inflate, then scan)
   std::string why;
   int64_t at = -1;
@@ -817,6 +831,97 @@ class Scanner {
   }
 };
 
+// kineto.ns_from_us for one stamp: false when past int64 ns (year 2261), or NaN. The same
+// float operations as numpy's (floor; rint, which rounds half to even, as nearbyint does).
+bool ns_from_us(double us, int64_t& out) {
+  if (!(std::fabs(us) < 9.2e15)) return false;
+  const double whole = std::floor(us);
+  const double fraction_ns = std::nearbyint((us - whole) * 1000.0);
+  out = static_cast<int64_t>(whole) * 1000 + static_cast<int64_t>(fraction_ns);
+  return true;
+}
+
+enum class Category : int64_t { kCompute, kCommunication, kMemory, kOther };  // kineto_map's
+
+// kineto_map.kernel_category for one name (a null name: compute): the rules in that order,
+// later ones winning. "^nccl.*Kernel": "Kernel" after "nccl" with no line break between.
+Category name_category(std::string_view n) {
+  Category out = Category::kCompute;
+  if (n.find("Memcpy") != n.npos || n.find("Sync") != n.npos) out = Category::kOther;
+  if (starts(n, "Memcpy") || starts(n, "Memset") || starts(n, "dma")) out = Category::kMemory;
+  if (starts(n, "nccl")) {
+    std::string_view rest = n.substr(4);
+    rest = rest.substr(0, rest.find('\n'));
+    if (rest.find("Kernel") != rest.npos) out = Category::kCommunication;
+  }
+  return out;
+}
+
+bool memory_category(std::string_view c) {
+  return is(c, "gpu_memcpy") || is(c, "gpu_memset") || is(c, "Memcpy") || is(c, "Memset");
+}
+
+std::string_view view(const Strings& s, size_t i) {
+  return std::string_view(s.data.data() + s.offsets[i], s.offsets[i + 1] - s.offsets[i]);
+}
+
+// kineto_native.read's stamps and kineto_map's kernel_category and gpu_launches, for the GPU
+// events (see Mapped).
+void map_gpu(const Columns& c, Mapped& m) {
+  const Group& g = c.gpu;
+  const size_t n = g.ts.size();
+  m.gpu_ts_ns.resize(n);
+  m.gpu_end_ns.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    int64_t dur;
+    if (!ns_from_us(g.ts[i], m.gpu_ts_ns[i]) || !ns_from_us(g.dur[i], dur)) return;
+    m.gpu_end_ns[i] = m.gpu_ts_ns[i] + std::max<int64_t>(dur, 0);
+  }
+  m.launch_ts_ns.resize(c.launch_ts.size());
+  for (size_t i = 0; i < c.launch_ts.size(); ++i)
+    if (!ns_from_us(c.launch_ts[i], m.launch_ts_ns[i])) return;
+
+  std::unordered_map<std::string_view, Category> by_name;  // a trace repeats few names
+  m.gpu_category.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    Category category = Category::kCompute;
+    if (g.name.valid[i]) {
+      std::string_view name = view(g.name, i);
+      auto found = by_name.find(name);
+      category = found != by_name.end() ? found->second : by_name[name] = name_category(name);
+    }
+    const bool memory = g.cat.valid[i] && memory_category(view(g.cat, i));
+    if (memory && category != Category::kCommunication) category = Category::kMemory;
+    m.gpu_category[i] = static_cast<int64_t>(category);
+  }
+
+  // the launches that have a correlation id, by it (ties in file order), searched for each
+  // GPU event's: where none has it, the nearest one's thread, as numpy's searchsorted gives
+  std::vector<size_t> order;
+  for (size_t k = 0; k < c.launch_correlation.size(); ++k)
+    if (c.launch_correlation[k] >= 0) order.push_back(k);
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return c.launch_correlation[a] < c.launch_correlation[b];
+  });
+  m.launch_found.assign(n, 0);
+  m.launch_at_ns.assign(n, 0);
+  m.launch_at_tid.assign(n, -1);
+  if (!order.empty()) {
+    for (size_t i = 0; i < n; ++i) {
+      const int64_t want = c.gpu_correlation[i];
+      auto at = std::lower_bound(order.begin(), order.end(), want, [&](size_t k, int64_t v) {
+        return c.launch_correlation[k] < v;
+      });
+      if (at == order.end()) --at;
+      const size_t k = *at;
+      m.launch_found[i] = c.launch_correlation[k] == want;
+      m.launch_at_ns[i] = m.launch_found[i] ? m.launch_ts_ns[k] : 0;
+      m.launch_at_tid[i] = c.launch_tid[k];
+    }
+  }
+  m.done = true;
+}
+
 struct Column {
   const char* name;
   const void* data;
@@ -853,7 +958,7 @@ void group(std::vector<Column>& out, const std::vector<std::string>& names, cons
   strings(out, names[7].c_str(), names[8].c_str(), names[9].c_str(), g.cat);
 }
 
-std::vector<Column> columns(const Columns& c) {
+std::vector<Column> columns(const Columns& c, const Mapped& m) {
   // made once and kept: the names' addresses are handed out with the columns
   static const std::vector<std::string> kGpu = group_names("gpu"), kCpu = group_names("cpu");
   std::vector<Column> out{
@@ -872,6 +977,14 @@ std::vector<Column> columns(const Columns& c) {
   group(out, kCpu, c.cpu);
   strings(out, "cpu_args.offsets", "cpu_args.data", "cpu_args.valid", c.cpu_args);
   strings(out, "header.offsets", "header.data", "header.valid", c.header);
+  if (m.done) {
+    for (Column mapped : {col("gpu_ts_ns", m.gpu_ts_ns), col("gpu_end_ns", m.gpu_end_ns),
+                          col("launch_ts_ns", m.launch_ts_ns), col("gpu_category", m.gpu_category),
+                          col("gpu_launch_found", m.launch_found),
+                          col("gpu_launch_ts_ns", m.launch_at_ns),
+                          col("gpu_launch_tid", m.launch_at_tid)})
+      out.push_back(mapped);
+  }
   return out;
 }
 
@@ -976,6 +1089,14 @@ void* dtprof_kineto_scan(const char* text, int64_t length, int release) {
     r->why = e.what();
     r->cols = Columns();
   }
+  if (r->status == 0) {
+    try {
+      map_gpu(r->cols, r->mapped);
+    } catch (const std::exception&) {  // out of memory, say: Python maps them
+      r->mapped = Mapped();
+    }
+    if (!r->mapped.done) r->mapped = Mapped();
+  }
   return r;
 }
 
@@ -1033,7 +1154,8 @@ int64_t dtprof_kineto_events(void* result) { return static_cast<Result*>(result)
 // The result's columns, by name: their count, and each one's name, address and length.
 int dtprof_kineto_columns(void* result, const char** names, const void** data, int64_t* lengths,
                           int capacity) {
-  auto cols = columns(static_cast<Result*>(result)->cols);
+  auto* r = static_cast<Result*>(result);
+  auto cols = columns(r->cols, r->mapped);
   int n = static_cast<int>(cols.size());
   for (int i = 0; i < n && i < capacity; ++i) {
     names[i] = cols[i].name;
