@@ -213,8 +213,9 @@ def test_call_order_counts_each_groups_calls_as_groupby_does() -> None:
 
 def test_memory_samples_are_each_steps_last_reading_as_pandas_groups_them() -> None:
     """samples_table against its rule stated in pandas, on random readings (ties, NaNs, CPU and
-    CUDA, readings before the first step): per (step, device), the last reading that has the
-    value, stamped with the group's last time; allocated rows first, each by step then device."""
+    CUDA, readings before the first step, steps numbered in any order): per (step, device), the
+    last reading that has the value, stamped with the group's last time; allocated rows first,
+    each by step then device."""
     import numpy as np
     import pandas as pd
 
@@ -224,13 +225,15 @@ def test_memory_samples_are_each_steps_last_reading_as_pandas_groups_them() -> N
     for _ in range(200):
         n = int(rng.integers(1, 60))
         kf = type("KF", (), {})()
+        kf.samples = None  # as the Python reader leaves them: worked out here
         kf.memory_ts_ns = rng.integers(0, 40, n).astype(np.int64) * 1000  # many ties
         kf.memory_device_type = rng.choice([0, 1, 1, 2], n).astype(np.int64)
         values = rng.random((2, n)) * 1e9
         values[rng.random((2, n)) < rng.random()] = np.nan
         kf.memory_allocated, kf.memory_reserved = values
         start = np.sort(rng.integers(0, 40_000, int(rng.integers(0, 5))))
-        steps = pd.DataFrame({"step": np.arange(len(start)), "start_ns": start})
+        numbers = rng.permutation(len(start))  # numbered against their order too
+        steps = pd.DataFrame({"step": numbers, "start_ns": start})
         got = samples_table(kf, steps).to_pandas()
         df = pd.DataFrame(
             {

@@ -20,7 +20,13 @@ import pytest
 from dtprof.errors import DtprofError
 from dtprof.trace import kineto_native
 from dtprof.trace.kineto import Cols, KinetoFile, read_kineto
-from dtprof.trace.kineto_map import gpu_launches, kernel_category
+from dtprof.trace.kineto_map import (
+    Distinct,
+    _steps,
+    gpu_launches,
+    kernel_category,
+    samples_table,
+)
 from tests import kinetobuild as kb
 from tests.conftest import native_reader_or_skip
 
@@ -39,12 +45,21 @@ def assert_same(native: KinetoFile, python: KinetoFile) -> None:
     maps itself equal to what the mapping works out from the Python reader's columns."""
     assert native.reader == "native" and python.reader == "python"
     assert python.gpu_category is None and python.gpu_launch is None
+    assert python.step_spans is None and python.samples is None
     assert native.gpu_category is not None and native.gpu_launch is not None
     mapped = {
         "gpu_category": kernel_category(python.gpu.name, python.gpu_cat),
         "gpu_launch": tuple(gpu_launches(python)),
     }
+    steps = {}
+    for kf in (native, python):
+        steps[kf.reader] = _steps(kf, Distinct.of(kf.cpu.name))
+    assert steps["native"].equals(steps["python"]), steps
+    samples = {kf.reader: samples_table(kf, steps[kf.reader]) for kf in (native, python)}
+    assert samples["native"].equals(samples["python"]), samples
     for field in dataclasses.fields(KinetoFile):
+        if field.name in ("step_spans", "samples"):
+            continue  # compared through what the mapping makes of them
         if field.name in mapped:
             want = mapped[field.name]
             got = getattr(native, field.name)
@@ -168,6 +183,35 @@ def test_kernel_categories_and_launches_as_the_mapping_finds_them(tmp_path: Path
     assert found.tolist()[:4] == [True, True, True, False] and not found[len(kernels) :].any()
     assert ts_ns[:4].tolist() == [1000, 2000, 4000, 0] and tid[1] == 2  # file order on a tie
     assert tid[len(kernels)] == 5  # past every correlation: the last launch's thread
+
+
+def test_steps_and_memory_samples_as_the_mapping_finds_them(tmp_path: Path) -> None:
+    """Random readings (ties, missing values, CPU and CUDA, before the first step) and steps
+    (on two threads, sometimes numbered against their order): both readers' steps and samples
+    tables alike (assert_same), the native reader's worked out in its scan."""
+    rng = np.random.default_rng(11)
+    for k in range(60):
+        events: list[dict[str, Any]] = []
+        starts = np.sort(rng.integers(0, 40_000, int(rng.integers(0, 5))))
+        numbers = np.arange(len(starts))[:: -1 if k % 7 == 6 else 1]
+        for number, start in zip(numbers.tolist(), starts.tolist(), strict=True):
+            for _ in range(int(rng.integers(1, 3))):  # a step's annotation on two threads
+                ts = start + float(rng.integers(0, 3))
+                event = kb._x("user_annotation", f"ProfilerStep#{number}", kb.PID, 1, ts, 900)
+                events.append(event)
+        for _ in range(int(rng.integers(0, 60))):
+            args: dict[str, Any] = {"Device Type": int(rng.choice([0, 1, 1, 2]))}
+            for key in ("Total Allocated", "Total Reserved"):
+                if rng.random() < 0.7:
+                    args[key] = int(rng.integers(0, 1 << 40))
+            ts_us = float(rng.integers(0, 40)) * 1000 + (0.5 if rng.random() < 0.2 else 0)
+            events.append({"ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]",
+                           "pid": kb.PID, "tid": 1, "ts": ts_us, "args": args})  # fmt: skip
+        rng.shuffle(events)  # type: ignore[arg-type]
+        native, python = both(kb.write(tmp_path, f"m{k}.json", {"traceEvents": events}))
+        assert isinstance(native, KinetoFile) and isinstance(python, KinetoFile)
+        assert_same(native, python)
+        assert native.samples is not None and native.step_spans is not None
 
 
 @pytest.mark.parametrize(

@@ -125,6 +125,10 @@ class KinetoFile:
     # (kineto_map.gpu_launches: whether found, its ns, its thread)
     gpu_category: np.ndarray | None = None
     gpu_launch: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+    # and the steps (kineto_map._steps: number, start ns, end ns, by start) and the samples
+    # table's columns (step, ns, metric as kineto_map.SAMPLE_METRICS' place, value)
+    step_spans: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+    samples: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
 
     @property
     def base_ns(self) -> int:

@@ -102,6 +102,9 @@ def _array(values: Any, type_: pa.DataType) -> pa.Array:
 
 
 def _steps(kf: KinetoFile, names: Distinct) -> pd.DataFrame:
+    if kf.step_spans is not None:  # as the native reader found them, by the same rule
+        number, start_ns, end_ns = kf.step_spans
+        return pd.DataFrame({"step": number, "start_ns": start_ns, "end_ns": end_ns})
     cpu = kf.cpu
     found = [STEP.search(v) if v is not None else None for v in names.values]
     number = np.array([int(m.group("number")) if m else -1 for m in found] + [-1], np.int64)
@@ -115,7 +118,7 @@ def _steps(kf: KinetoFile, names: Distinct) -> pd.DataFrame:
     np.minimum.at(start, each, cpu.ts_ns[idx])
     np.maximum.at(end, each, cpu.end_ns[idx])
     steps = pd.DataFrame({"step": step, "start_ns": start, "end_ns": end})
-    return steps.sort_values("start_ns", ignore_index=True)
+    return steps.sort_values("start_ns", ignore_index=True, kind="stable")  # ties by number
 
 
 def step_at(steps: pd.DataFrame, ts_ns: np.ndarray) -> np.ndarray:
@@ -421,36 +424,39 @@ def samples_table(kf: KinetoFile, steps: pd.DataFrame) -> pa.Table:
 
     Per (step, device), in that order, allocated then reserved: the last reading that has the
     value (readings in time order, ties in file order), stamped with the group's last time."""
+    if kf.samples is not None:  # as the native reader found them, by the same rules
+        step, ts_ns, metric, value = kf.samples
+        names = np.array(SAMPLE_METRICS, object)[metric]
+        return _table("samples", {"step": step, "ts_ns": ts_ns, "metric": names, "value": value})
     if not len(kf.memory_ts_ns):
         return TABLES["samples"].empty
     order = np.argsort(kf.memory_ts_ns, kind="stable")
     ts = kf.memory_ts_ns[order]
-    step = step_at(steps, ts)  # non-decreasing, as the times are
-    cuda = kf.memory_device_type[order] == 1
-    # each (step, device) is a run of its device's readings, which are in time order
-    devices = []
-    for on in (np.flatnonzero(~cuda), np.flatnonzero(cuda)):
-        device_step = step[on]
-        ends = _run_ends(device_step)  # each step's last reading
-        devices.append((on, device_step, device_step[ends], ts[on][ends]))
+    cuda = (kf.memory_device_type[order] == 1).astype(np.int64)
+    key = step_at(steps, ts) * 2 + cuda  # (step, device): a group
+    by_key = np.argsort(key, kind="stable")  # the groups in order, each in time order
+    key, ts = key[by_key], ts[by_key]
+    group_key, group_ts = key[_run_ends(key)], ts[_run_ends(key)]  # each group's last reading
     parts = []
     for what, values in (
-        ("allocated_bytes", kf.memory_allocated[order]),
-        ("reserved_bytes", kf.memory_reserved[order]),
+        ("allocated", kf.memory_allocated[order][by_key]),
+        ("reserved", kf.memory_reserved[order][by_key]),
     ):
-        found = []
-        for on, device_step, run_step, run_ts in devices:
-            has = np.flatnonzero(~np.isnan(values[on]))
-            last = has[_run_ends(device_step[has])]  # each step's last reading with the value
-            at = np.searchsorted(run_step, device_step[last])
-            found.append((device_step[last], run_ts[at], values[on][last]))
-        key = np.concatenate([s * 2 + device for device, (s, _, _) in enumerate(found)])
-        rows = np.argsort(key, kind="stable")
-        metric = np.array([f"cpu_{what}", f"cuda_{what}"], object)[key[rows] % 2]
-        step_of, ts_of, value = (np.concatenate(c)[rows] for c in zip(*found, strict=True))
-        parts.append((step_of, ts_of, metric, value))
+        has = np.flatnonzero(~np.isnan(values))
+        last = has[_run_ends(key[has])]  # each group's last reading with the value
+        at = np.searchsorted(group_key, key[last])  # its group: the keys are sorted and unique
+        metric = np.array([f"cpu_{what}_bytes", f"cuda_{what}_bytes"], object)[key[last] % 2]
+        parts.append((key[last] // 2, group_ts[at], metric, values[last]))
     step, ts_ns, metric, value = (np.concatenate(column) for column in zip(*parts, strict=True))
     return _table("samples", {"step": step, "ts_ns": ts_ns, "metric": metric, "value": value})
+
+
+SAMPLE_METRICS = (  # the native reader's codes for them
+    "cpu_allocated_bytes",
+    "cuda_allocated_bytes",
+    "cpu_reserved_bytes",
+    "cuda_reserved_bytes",
+)
 
 
 def _run_ends(values: np.ndarray) -> np.ndarray:

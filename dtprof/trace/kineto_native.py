@@ -35,7 +35,13 @@ from dtprof.trace.kineto_events import HEADER_KEYS, Args, read_bytes
 
 MAX_COLUMNS = 64
 GZIPPED = 2  # the scanner's status for a gzipped file
-_DTYPES = {"ts": np.float64, "dur": np.float64, "allocated": np.float64, "reserved": np.float64}
+_DTYPES = {
+    "ts": np.float64,
+    "dur": np.float64,
+    "allocated": np.float64,
+    "reserved": np.float64,
+    "value": np.float64,
+}
 
 _ARGS = msgspec.json.Decoder(list[Args])
 
@@ -235,7 +241,13 @@ def read(path: Path) -> KinetoFile | str:
         gpu_ts = ns_from_us(cols["gpu_ts"])  # in the Python reader's order: it names the first
         gpu_end = gpu_ts + np.maximum(ns_from_us(cols["gpu_dur"]), 0)  # stamp out of range
         launch_ts = ns_from_us(cols["launch_ts"])
-    cpu_ts = ns_from_us(cols["cpu_ts"])
+    steps = "step_number" in cols  # the CPU stamps too, and the steps
+    if steps:
+        cpu_ts, cpu_end = cols["cpu_ts_ns"], cols["cpu_end_ns"]
+    else:
+        cpu_ts = ns_from_us(cols["cpu_ts"])
+        cpu_end = cpu_ts + np.maximum(ns_from_us(cols["cpu_dur"]), 0)
+    samples = "sample_step" in cols
     gpu_tid, stream = cols["gpu_tid"], cols["gpu_stream"]
     launch_correlation = cols["launch_correlation"]
     keep = launch_correlation >= 0  # a launch without one matches no GPU event
@@ -260,7 +272,7 @@ def read(path: Path) -> KinetoFile | str:
         cpu=Cols(
             strings(cols, "cpu_name"),
             cpu_ts,
-            cpu_ts + np.maximum(ns_from_us(cols["cpu_dur"]), 0),
+            cpu_end,
             cols["cpu_pid"],
             cols["cpu_tid"],
             args=comm_args,
@@ -280,6 +292,14 @@ def read(path: Path) -> KinetoFile | str:
                 cols["gpu_launch_tid"],
             )
             if mapped
+            else None
+        ),
+        step_spans=(
+            (cols["step_number"], cols["step_start_ns"], cols["step_end_ns"]) if steps else None
+        ),
+        samples=(
+            (cols["sample_step"], cols["sample_ts_ns"], cols["sample_metric"], cols["sample_value"])
+            if samples
             else None
         ),
     )

@@ -113,6 +113,12 @@ struct Mapped {
   std::vector<int64_t> gpu_ts_ns, gpu_end_ns, launch_ts_ns;
   std::vector<int64_t> gpu_category;  // kernel_map.CATEGORIES' places
   std::vector<int64_t> launch_found, launch_at_ns, launch_at_tid;  // per GPU event
+  // kineto_map's steps (by start, ties by number) and samples table, where worked out here
+  bool steps_done = false;
+  std::vector<int64_t> cpu_ts_ns, cpu_end_ns, step_number, step_start_ns, step_end_ns;
+  bool samples_done = false;
+  std::vector<int64_t> sample_step, sample_ts_ns, sample_metric;  // metric: kSampleMetrics' place
+  std::vector<double> sample_value;
 };
 
 struct Result {
@@ -158,6 +164,18 @@ bool is_step(std::string_view n) {
   ++i;
   while (i < n.size() && space(n[i])) ++i;
   return i < n.size() && n[i] >= '0' && n[i] <= '9';
+}
+
+// The N of a ProfilerStep#N name (is_step's rule: the digits after '#'): false where they are
+// past int64 (Python then refuses the file).
+bool step_number(std::string_view n, int64_t& out) {
+  const size_t at = n.find('#');
+  size_t i = at + 1;
+  while (i < n.size() && (n[i] == ' ' || (n[i] >= '\t' && n[i] <= '\r'))) ++i;
+  size_t end = i;
+  while (end < n.size() && n[end] >= '0' && n[end] <= '9') ++end;
+  auto done = std::from_chars(n.data() + i, n.data() + end, out);
+  return done.ec == std::errc() && done.ptr == n.data() + end;
 }
 
 bool is_comm_annotation(std::string_view n) {
@@ -922,6 +940,94 @@ void map_gpu(const Columns& c, Mapped& m) {
   m.done = true;
 }
 
+// kineto_map._steps: each ProfilerStep#N from the first start to the last end of its
+// annotations, in order of start (ties by N). False where a stamp or an N is out of range.
+bool map_steps(const Columns& c, Mapped& m) {
+  const Group& g = c.cpu;
+  const size_t n = g.ts.size();
+  m.cpu_ts_ns.resize(n);
+  m.cpu_end_ns.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    int64_t dur;
+    if (!ns_from_us(g.ts[i], m.cpu_ts_ns[i]) || !ns_from_us(g.dur[i], dur)) return false;
+    m.cpu_end_ns[i] = m.cpu_ts_ns[i] + std::max<int64_t>(dur, 0);
+  }
+  std::vector<std::pair<int64_t, size_t>> found;  // (N, event)
+  for (size_t i = 0; i < n; ++i) {
+    if (!g.name.valid[i] || !is_step(view(g.name, i))) continue;
+    int64_t number;
+    if (!step_number(view(g.name, i), number)) return false;
+    found.emplace_back(number, i);
+  }
+  std::stable_sort(found.begin(), found.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (size_t k = 0; k < found.size(); ++k) {
+    const size_t i = found[k].second;
+    if (k == 0 || found[k].first != found[k - 1].first) {
+      m.step_number.push_back(found[k].first);
+      m.step_start_ns.push_back(m.cpu_ts_ns[i]);
+      m.step_end_ns.push_back(m.cpu_end_ns[i]);
+    } else {
+      m.step_start_ns.back() = std::min(m.step_start_ns.back(), m.cpu_ts_ns[i]);
+      m.step_end_ns.back() = std::max(m.step_end_ns.back(), m.cpu_end_ns[i]);
+    }
+  }
+  std::vector<size_t> by_start(m.step_number.size());
+  for (size_t k = 0; k < by_start.size(); ++k) by_start[k] = k;
+  std::stable_sort(by_start.begin(), by_start.end(),
+                   [&](size_t a, size_t b) { return m.step_start_ns[a] < m.step_start_ns[b]; });
+  auto reorder = [&](std::vector<int64_t>& v) {
+    std::vector<int64_t> out(v.size());
+    for (size_t k = 0; k < v.size(); ++k) out[k] = v[by_start[k]];
+    v.swap(out);
+  };
+  reorder(m.step_number);
+  reorder(m.step_start_ns);
+  reorder(m.step_end_ns);
+  return true;
+}
+
+// kineto_map.step_at: the step that began last at or before t; -1 before the first step.
+int64_t step_at(const Mapped& m, int64_t t) {
+  auto after = std::upper_bound(m.step_start_ns.begin(), m.step_start_ns.end(), t);
+  return after == m.step_start_ns.begin() ? -1 : m.step_number[after - m.step_start_ns.begin() - 1];
+}
+
+// kineto_map.samples_table: per (step, device), in that order (CPU before CUDA), allocated
+// then reserved, the last reading that has the value (readings in time order, ties in file
+// order), stamped with the group's last time. False where a stamp is out of range.
+bool map_samples(const Columns& c, Mapped& m) {
+  const size_t n = c.memory_ts.size();
+  std::vector<int64_t> ts(n), key(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (!ns_from_us(c.memory_ts[i], ts[i])) return false;
+    key[i] = step_at(m, ts[i]) * 2 + (c.memory_device_type[i] == 1 ? 1 : 0);
+  }
+  std::vector<size_t> order(n);  // by group, each group in time order
+  for (size_t i = 0; i < n; ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return ts[a] < ts[b]; });
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return key[a] < key[b]; });
+  for (int metric = 0; metric < 2; ++metric) {
+    const std::vector<double>& values = metric == 0 ? c.memory_allocated : c.memory_reserved;
+    for (size_t lo = 0, hi; lo < n; lo = hi) {
+      const int64_t group = key[order[lo]];
+      for (hi = lo; hi < n && key[order[hi]] == group; ++hi) {
+      }
+      for (size_t k = hi; k-- > lo;) {  // the group's last reading that has the value
+        const double value = values[order[k]];
+        if (std::isnan(value)) continue;
+        const int64_t device = ((group % 2) + 2) % 2;
+        m.sample_step.push_back((group - device) / 2);
+        m.sample_ts_ns.push_back(ts[order[hi - 1]]);
+        m.sample_metric.push_back(metric * 2 + device);
+        m.sample_value.push_back(value);
+        break;
+      }
+    }
+  }
+  return true;
+}
+
 struct Column {
   const char* name;
   const void* data;
@@ -983,6 +1089,18 @@ std::vector<Column> columns(const Columns& c, const Mapped& m) {
                           col("gpu_launch_found", m.launch_found),
                           col("gpu_launch_ts_ns", m.launch_at_ns),
                           col("gpu_launch_tid", m.launch_at_tid)})
+      out.push_back(mapped);
+  }
+  if (m.steps_done) {
+    for (Column mapped : {col("cpu_ts_ns", m.cpu_ts_ns), col("cpu_end_ns", m.cpu_end_ns),
+                          col("step_number", m.step_number), col("step_start_ns", m.step_start_ns),
+                          col("step_end_ns", m.step_end_ns)})
+      out.push_back(mapped);
+  }
+  if (m.samples_done) {
+    for (Column mapped : {col("sample_step", m.sample_step), col("sample_ts_ns", m.sample_ts_ns),
+                          col("sample_metric", m.sample_metric),
+                          col("sample_value", m.sample_value)})
       out.push_back(mapped);
   }
   return out;
@@ -1092,10 +1210,14 @@ void* dtprof_kineto_scan(const char* text, int64_t length, int release) {
   if (r->status == 0) {
     try {
       map_gpu(r->cols, r->mapped);
+      Mapped& m = r->mapped;
+      m.steps_done = map_steps(r->cols, m);
+      m.samples_done = m.steps_done && map_samples(r->cols, m);
     } catch (const std::exception&) {  // out of memory, say: Python maps them
       r->mapped = Mapped();
     }
     if (!r->mapped.done) r->mapped = Mapped();
+    if (!r->mapped.steps_done) r->mapped.samples_done = false;
   }
   return r;
 }
