@@ -23,6 +23,7 @@ from dtprof.trace.kineto import Cols, KinetoFile, read_kineto
 from dtprof.trace.kineto_map import (
     Distinct,
     _steps,
+    collectives_table,
     gpu_launches,
     kernel_category,
     samples_table,
@@ -57,9 +58,27 @@ def assert_same(native: KinetoFile, python: KinetoFile) -> None:
     assert steps["native"].equals(steps["python"]), steps
     samples = {kf.reader: samples_table(kf, steps[kf.reader]) for kf in (native, python)}
     assert samples["native"].equals(samples["python"]), samples
+    colls = {
+        kf.reader: collectives_table(
+            kf,
+            steps[kf.reader],
+            mapped["gpu_category"],
+            gpu_launches(python),
+            Distinct.of(kf.cpu.name),
+        )
+        for kf in (native, python)
+    }
+    assert colls["native"].equals(colls["python"]), colls
+    assert colls["native"].schema.metadata == colls["python"].schema.metadata
     for field in dataclasses.fields(KinetoFile):
-        if field.name in ("step_spans", "samples"):
+        if field.name in ("step_spans", "samples", "collectives"):
             continue  # compared through what the mapping makes of them
+        if field.name == "cpu" and native.collectives is not None:  # no args records then
+            assert native.cpu.args == []
+            for f in dataclasses.fields(Cols):
+                if f.name != "args":
+                    _same(getattr(native.cpu, f.name), getattr(python.cpu, f.name), f"cpu.{f.name}")
+            continue
         if field.name in mapped:
             want = mapped[field.name]
             got = getattr(native, field.name)
@@ -183,6 +202,73 @@ def test_kernel_categories_and_launches_as_the_mapping_finds_them(tmp_path: Path
     assert found.tolist()[:4] == [True, True, True, False] and not found[len(kernels) :].any()
     assert ts_ns[:4].tolist() == [1000, 2000, 4000, 0] and tid[1] == 2  # file order on a tie
     assert tid[len(kernels)] == 5  # past every correlation: the last launch's thread
+
+
+def _collectives_doc(calls: list[tuple[dict[str, Any] | None, str | None]]) -> dict[str, Any]:
+    """A trace of record_param_comms (with these args, or none) each holding an annotation of
+    that name, or none, and on a thread of their own some annotations alone."""
+    events: list[dict[str, Any]] = []
+    for i, (args, inside) in enumerate(calls):
+        t = 100.0 + 10 * i
+        rpc = kb._x("cpu_op", "record_param_comms", kb.PID, kb.COMM_TID, t, 5, args or {})
+        if args is None:
+            del rpc["args"]
+        events.append(rpc)
+        if inside is not None:
+            events.append(kb._x("user_annotation", inside, kb.PID, kb.COMM_TID, t + 1, 2))
+        if i % 3 == 0:  # a communication kernel launched inside it
+            events.append(kb._launch(t + 2, 5000 + i, tid=kb.COMM_TID))
+            events.append(kb._gpu("kernel", kb.NCCL_NEW, kb.NCCL_STREAM, t + 3, 4, 5000 + i))
+    for i, name in enumerate(["gloo:all_reduce", "nccl:broadcast", "gloo:send"]):
+        events.append(kb._x("user_annotation", name, kb.PID, 999, 50.0 + i, 1))  # alone
+    return {"traceEvents": events}
+
+
+NAMED = {"Collective name": "allgather"}  # kept whatever it launched
+
+
+def test_collectives_as_the_mapping_finds_them(tmp_path: Path) -> None:
+    from dtprof.trace.kineto_map import DTYPE_BYTES, OP_NAMES, P2P_OPS
+
+    calls: list[tuple[dict[str, Any] | None, str | None]] = [
+        ({"Collective name": "allreduce", "In msg nelems": 10, "dtype": "Float"}, "nccl:x"),
+        ({"Collective name": "", "Seq": 4, "Process Group Name": "pg:1"}, "nccl: _allgather_base "),
+        ({"seq": 7, "pg_name": "tp", "In msg nelems": None}, "gloo:isend"),
+        ({"Input Dims": [[3, 4], []], "Input type": ["c10::Half", "Scalar"]}, None),
+        ({**NAMED, "Input Dims": [[3, 2.5]], "Input type": ["float"]}, None),  # no whole count
+        ({**NAMED, "Input Dims": [[3]], "Input type": []}, None),  # no type: no dtype, 0 bytes
+        ({**NAMED, "Input Dims": [], "Input type": ["int"]}, None),  # no first input: no size
+        ({**NAMED, "Input Dims": [[2, 5]], "Input type": ["double"]}, None),
+        ({"External id": 3}, None),  # bookkeeping, unless it launched a kernel
+        ({"External id": 4}, None),
+        (None, "nccl:recv"),
+        ({"Seq": 2.0, "seq": 97, "dtype": 7, "In msg nelems": 3}, "nccl:reduce_scatter"),
+        ({"seq": 98}, "nccl:\x1f broadcast\x1c"),  # what str.strip() strips
+    ]
+    calls += [({"Collective name": op}, None) for op in [*OP_NAMES, *P2P_OPS]]
+    calls += [({"In msg nelems": 2, "dtype": dtype.upper()}, "nccl:x") for dtype in DTYPE_BYTES]
+    native, python = both(kb.write(tmp_path, "c.json", _collectives_doc(calls)))
+    assert isinstance(native, KinetoFile) and isinstance(python, KinetoFile), (native, python)
+    assert native.collectives is not None  # worked out by the native reader
+    assert_same(native, python)
+    found = native.collectives
+    # the thread of annotations alone comes first (they start earliest), then the calls
+    assert found["op"][:4].to_pylist() == ["all_reduce", "broadcast", "send", "all_reduce"]
+    assert found["bytes"][3] == 40 and found["dtype"][3].as_py() == "float"
+    sizes = list(zip(found["bytes"].tolist(), found["dtype"].to_pylist(), strict=True))
+    assert sizes[6:11] == [(24, "c10::half"), (0, "float"), (0, None), (0, None), (80, "double")]
+
+    odd = [
+        ({"Seq": True}, "nccl:x"),  # a bool: Python counts it an int
+        ({"Process Group Name": 0}, "nccl:x"),  # str() of a number
+        ({"Collective name": "allréduce"}, None),  # lowered by Unicode's rules
+        ({"In msg nelems": 1 << 62, "dtype": "double"}, None),  # bytes past int64
+    ]
+    for k, call in enumerate(odd):
+        native, python = both(kb.write(tmp_path, f"odd{k}.json", _collectives_doc([call])))
+        assert isinstance(native, KinetoFile) and isinstance(python, KinetoFile)
+        assert native.collectives is None, call  # left to the mapping in Python
+        assert native.cpu.args and native.cpu.args == python.cpu.args
 
 
 def test_steps_and_memory_samples_as_the_mapping_finds_them(tmp_path: Path) -> None:

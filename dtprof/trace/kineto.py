@@ -129,6 +129,9 @@ class KinetoFile:
     # table's columns (step, ns, metric as kineto_map.SAMPLE_METRICS' place, value)
     step_spans: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
     samples: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
+    # and the collectives table's columns (kineto_map.collectives_table reads them); the CPU
+    # events' args records are then not made (cpu.args is empty)
+    collectives: dict[str, Any] | None = None
 
     @property
     def base_ns(self) -> int:

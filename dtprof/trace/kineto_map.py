@@ -236,6 +236,8 @@ def collectives_table(
     cpu_names: Distinct,
 ) -> pa.Table:
     """One row per collective call (rules in the module doc), seq from "Seq" or call order."""
+    if kf.collectives is not None:  # as the native reader found them, by the same rules
+        return _found_collectives(kf.collectives)
     cpu = kf.cpu
     rpc = [v == "record_param_comms" for v in cpu_names.values]
     is_rpc = np.array([*rpc, False])[cpu_names.at]
@@ -276,6 +278,28 @@ def collectives_table(
         },
     )
     return table.replace_schema_metadata({SEQ_FROM: seq_from})
+
+
+def _found_collectives(found: dict[str, Any]) -> pa.Table:
+    """The collectives table from the native reader's columns."""
+    if not len(found["start_ns"]):
+        return TABLES["collectives"].empty
+    table = _table(
+        "collectives",
+        {
+            **{c: found[c] for c in ("step", "group", "seq", "op", "bytes", "dtype")},
+            "peer": pa.array(np.full(len(found["p2p"]), -1, np.int32), mask=~found["p2p"]),
+            "start_ns": found["start_ns"],
+            "end_ns": found["end_ns"],
+            "label": LABELS.take(pa.array(found["gpu"].astype(np.int8))),
+        },
+    )
+    return table.replace_schema_metadata(
+        {SEQ_FROM: b"trace" if found["seq_from_trace"] else b"call order"}
+    )
+
+
+LABELS = pa.array(["cpu", "gpu"])  # a collective's label: timed by its kernels or its call
 
 
 def _calls_before(key: np.ndarray) -> np.ndarray:
@@ -358,6 +382,8 @@ def _nest(cpu: Any, rpc: np.ndarray, ann: np.ndarray) -> tuple[dict[int, int], n
     """Annotations against the record_param_comms (both by start) of one thread: the first
     annotation inside each operator (operator position -> annotation index), and the
     annotations inside none, which are collectives of their own."""
+    if not len(rpc):  # a thread of annotations alone (gloo, older builds)
+        return {}, ann
     parent = np.searchsorted(cpu.ts_ns[rpc], cpu.ts_ns[ann], side="right") - 1
     inside = (parent >= 0) & (cpu.ts_ns[ann] <= cpu.end_ns[rpc][np.maximum(parent, 0)])
     child: dict[int, int] = {}

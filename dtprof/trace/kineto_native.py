@@ -33,7 +33,7 @@ from dtprof.trace.kineto import Cols, KinetoFile, ns_from_us
 from dtprof.trace.kineto_ahead import SOURCE, compiler, library_path, off, open_library
 from dtprof.trace.kineto_events import HEADER_KEYS, Args, read_bytes
 
-MAX_COLUMNS = 64
+MAX_COLUMNS = 128  # the scanner has about 70
 GZIPPED = 2  # the scanner's status for a gzipped file
 _DTYPES = {
     "ts": np.float64,
@@ -168,6 +168,8 @@ class Library:
         data = (ctypes.c_void_p * MAX_COLUMNS)()
         lengths = (ctypes.c_int64 * MAX_COLUMNS)()
         n = lib.dtprof_kineto_columns(result, names, data, lengths, MAX_COLUMNS)
+        if n > MAX_COLUMNS:  # a scanner of another version, say: read by Python
+            return f"{n} columns, more than {MAX_COLUMNS}"
         cols = {}
         for i in range(n):
             name = (names[i] or b"").decode()
@@ -302,7 +304,22 @@ def read(path: Path) -> KinetoFile | str:
             if samples
             else None
         ),
+        collectives=_collectives(cols) if "coll_step" in cols else None,
     )
+
+
+def _collectives(cols: dict[str, np.ndarray]) -> dict[str, Any]:
+    """The collectives table's columns as the scan worked them out (kineto_map reads them)."""
+    out: dict[str, Any] = {
+        name: cols[f"coll_{name}"] for name in ("step", "seq", "bytes", "start_ns", "end_ns")
+    }
+    out.update(
+        p2p=cols["coll_p2p"].astype(bool),
+        gpu=cols["coll_gpu"].astype(bool),
+        seq_from_trace=bool(cols["coll_seq_from_trace"][0]),
+        **{name: strings(cols, f"coll_{name}") for name in ("group", "op", "dtype")},
+    )
+    return out
 
 
 def _args(cols: dict[str, np.ndarray]) -> list[Args | None]:
@@ -332,6 +349,9 @@ def _scanned(scan: tuple[dict[str, np.ndarray], int] | str) -> tuple[Any, ...] |
         for key, raw in zip(HEADER_KEYS, _texts(cols, "header"), strict=True)
         if raw is not None
     }
+    if "coll_step" in cols:  # the collectives are mapped: their args are not needed
+        _string_parts(cols, "cpu_args")
+        return cols, events, header, []
     return cols, events, header, _args(cols)
 
 

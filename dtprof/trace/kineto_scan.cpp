@@ -119,6 +119,11 @@ struct Mapped {
   bool samples_done = false;
   std::vector<int64_t> sample_step, sample_ts_ns, sample_metric;  // metric: kSampleMetrics' place
   std::vector<double> sample_value;
+  // kineto_map.collectives_table's rows, where worked out here
+  bool collectives_done = false;
+  std::vector<int64_t> coll_step, coll_seq, coll_bytes, coll_p2p, coll_start_ns, coll_end_ns;
+  std::vector<int64_t> coll_gpu, coll_seq_from_trace;  // the last: one value, 1 or 0
+  Strings coll_group, coll_op, coll_dtype;
 };
 
 struct Result {
@@ -231,6 +236,25 @@ unsigned category_kind(std::string_view c) {
   return gpu ? kGpu : launch ? kLaunch : 0u;
 }
 
+// A collective's args (of record_param_comms or of a communication annotation) as the mapping
+// reads them (kineto_map._add_args and _size). odd: a value the mapping would read in a way
+// not followed here (a number as a string, a bool as an int, ...): the file's collectives are
+// then left to Python.
+struct CommArgs {
+  enum State { kNone, kValue, kOther };  // absent or null; the kind read; present, another kind
+  bool odd = false;
+  State name = kNone, dtype = kNone, group = kNone, pg_name = kNone, nelems = kNone;
+  std::string name_s, dtype_s, group_s, pg_name_s;
+  int64_t nelems_i = 0;
+  State seq[2] = {kNone, kNone};  // "Seq", then "seq"
+  int64_t seq_i[2] = {0, 0};
+  bool dims = false, types = false;  // "Input Dims" / "Input type" present (null too)
+  State dims_count = kNone;          // the first input's element count, where dims give one
+  int64_t dims_count_i = 0;
+  State first_type = kNone;          // the first input's type: a string, or "" for no types
+  std::string first_type_s;
+};
+
 class Scanner {
  public:
   // release: the text is a read-only file mapping, whose pages already scanned may be dropped
@@ -261,6 +285,40 @@ class Scanner {
     if (p_ != end_) fail("something after the trace object");
     if (!events_seen) fail("no traceEvents list");
     for (int k = 0; k < 3; ++k) c.header.add(header_text[k], header_seen[k]);
+  }
+
+  // A collective's args object (the text is one, checked by the scan): the last of a repeated
+  // key counts, as in the Python reader.
+  CommArgs comm_args() {
+    CommArgs a;
+    ws();
+    members([&](std::string_view key) {
+      if (is(key, "Collective name")) {
+        a.name = text_value(a.name_s, a.odd, true);
+      } else if (is(key, "dtype")) {
+        a.dtype = text_value(a.dtype_s, a.odd, false);
+      } else if (is(key, "Process Group Name")) {
+        a.group = text_value(a.group_s, a.odd, true);
+      } else if (is(key, "pg_name")) {
+        a.pg_name = text_value(a.pg_name_s, a.odd, true);
+      } else if (is(key, "In msg nelems")) {
+        a.nelems = int_value(a.nelems_i, a.odd);
+      } else if (is(key, "Seq") || is(key, "seq")) {
+        const int k = key[0] == 'S' ? 0 : 1;
+        a.seq[k] = int_value(a.seq_i[k], a.odd);
+      } else if (is(key, "Input Dims")) {
+        a.dims = true;
+        a.dims_count = first_count(a.dims_count_i, a.odd);
+      } else if (is(key, "Input type")) {
+        a.types = true;
+        a.first_type = first_string(a.first_type_s, a.odd);
+      } else {
+        skip(1);
+      }
+    });
+    ws();
+    if (p_ != end_) fail("args changed under the scan");
+    return a;
   }
 
  private:
@@ -627,6 +685,110 @@ class Scanner {
     s.present = true;
     s.s = string(scratch);
     return s;
+  }
+
+  // A value read as a string: kValue with the string, kNone for null; anything else kOther,
+  // or odd where only a string is followed (str() of another kind is Python's own).
+  CommArgs::State text_value(std::string& out, bool& odd, bool only_strings) {
+    const char c = peek();
+    if (c == 'n') {
+      literal("null");
+      return CommArgs::kNone;
+    }
+    if (c != '"') {
+      skip(1);
+      odd = odd || only_strings;
+      return CommArgs::kOther;
+    }
+    std::string scratch;
+    out.assign(string(scratch));
+    return CommArgs::kValue;
+  }
+
+  // A value read as an integer: kValue for one that fits int64, kNone for null, kOther for
+  // another kind; odd for a bool (Python counts it an int) or an integer past int64.
+  CommArgs::State int_value(int64_t& out, bool& odd) {
+    const char c = peek();
+    if (c == 't' || c == 'f') {
+      skip(1);
+      odd = true;
+      return CommArgs::kOther;
+    }
+    Num n = number();
+    if (!n.present) return CommArgs::kNone;
+    const bool number_read = c == '-' || (c >= '0' && c <= '9');
+    if (number_read && n.integral && !n.odd) {
+      out = n.i;
+      return CommArgs::kValue;
+    }
+    if (number_read && n.integral) odd = true;  // past int64
+    return CommArgs::kOther;
+  }
+
+  // "Input Dims": kValue where it is a list whose first element is a list, with the count of
+  // that input's elements (their product where all are integers, else 0), else kOther; odd
+  // for bools among them (Python counts them ints), negative ones or a count past 2^62.
+  CommArgs::State first_count(int64_t& out, bool& odd) {
+    if (peek() != '[') {
+      skip(1);
+      return CommArgs::kOther;
+    }
+    CommArgs::State state = CommArgs::kOther;
+    bool first = true;
+    elements([&] {
+      if (!first || peek() != '[') {
+        first = false;
+        skip(2);
+        return;
+      }
+      first = false;
+      bool integers = true;
+      int64_t count = 1;
+      elements([&] {
+        const char c = peek();
+        if (c == 't' || c == 'f') {
+          skip(3);
+          odd = true;
+          return;
+        }
+        Num n = number();
+        const bool read = c == '-' || (c >= '0' && c <= '9');
+        if (!(read && n.integral)) {  // null, a fraction, a string, a list: no count
+          integers = false;
+          return;
+        }
+        if (n.odd || n.i < 0 || (count && n.i > (int64_t{1} << 62) / count)) {
+          odd = true;
+          return;
+        }
+        count *= n.i;
+      });
+      out = integers ? count : 0;
+      state = CommArgs::kValue;
+    });
+    return state;
+  }
+
+  // "Input type": its first element where it is a list (kValue: "" for an empty list), else
+  // kOther; odd where that first element is no string.
+  CommArgs::State first_string(std::string& out, bool& odd) {
+    if (peek() != '[') {
+      skip(1);
+      return CommArgs::kOther;
+    }
+    bool first = true;
+    out.clear();
+    elements([&] {
+      if (first && peek() == '"') {
+        std::string scratch;
+        out.assign(string(scratch));
+      } else {
+        if (first) odd = true;
+        skip(2);
+      }
+      first = false;
+    });
+    return CommArgs::kValue;
   }
 
   template <size_t N>
@@ -1028,6 +1190,232 @@ bool map_samples(const Columns& c, Mapped& m) {
   return true;
 }
 
+// kineto_map.OP_NAMES, DTYPE_BYTES and P2P_OPS (tests/test_kineto_native.py checks that
+// they agree).
+const std::unordered_map<std::string_view, std::string_view> kOpNames = {
+    {"allreduce", "all_reduce"},
+    {"allreduce_coalesced", "all_reduce_coalesced"},
+    {"allgather", "all_gather"},
+    {"_allgather_base", "all_gather_into_tensor"},
+    {"allgather_into_tensor", "all_gather_into_tensor"},
+    {"allgather_into_tensor_coalesced", "all_gather_into_tensor_coalesced"},
+    {"reducescatter", "reduce_scatter"},
+    {"_reduce_scatter_base", "reduce_scatter_tensor"},
+    {"reduce_scatter_tensor_coalesced", "reduce_scatter_tensor_coalesced"},
+    {"alltoall", "all_to_all"},
+    {"alltoall_base", "all_to_all_single"},
+    {"all_to_allv", "all_to_all_single"},
+    {"recvanysource", "recv"},
+};
+const std::unordered_map<std::string_view, int64_t> kDtypeBytes = {
+    {"float", 4}, {"float32", 4}, {"double", 8}, {"float64", 8}, {"half", 2}, {"float16", 2},
+    {"c10::half", 2}, {"bfloat16", 2}, {"c10::bfloat16", 2}, {"int", 4}, {"int32", 4},
+    {"long", 8}, {"int64", 8}, {"long int", 8}, {"short", 2}, {"int16", 2}, {"char", 1},
+    {"signed char", 1}, {"unsigned char", 1}, {"byte", 1}, {"int8", 1}, {"uint8", 1},
+    {"bool", 1},
+};
+bool is_p2p(std::string_view op) {
+  return op == "send" || op == "recv" || op == "isend" || op == "irecv" || op == "recvanysource";
+}
+
+// s.lower() for ASCII text: false for any other (Python lowers the rest of Unicode too).
+bool ascii_lower(std::string_view s, std::string& out) {
+  out.assign(s);
+  for (char& c : out) {
+    if (static_cast<unsigned char>(c) >= 0x80) return false;
+    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+  }
+  return true;
+}
+
+// kineto_map._normal_op: after the first ':', stripped of what Python's str.strip() strips
+// (ASCII: \t..\r, \x1c..\x1f, space) and lowered; false for non-ASCII names.
+bool normal_op(std::string_view name, std::string& out) {
+  const size_t colon = name.find(':');
+  if (colon != name.npos) name = name.substr(colon + 1);
+  auto space = [](char c) {
+    return c == ' ' || (c >= '\t' && c <= '\r') || (c >= 0x1c && c <= 0x1f);
+  };
+  while (!name.empty() && space(name.front())) name.remove_prefix(1);
+  while (!name.empty() && space(name.back())) name.remove_suffix(1);
+  if (!ascii_lower(name, out)) return false;
+  auto found = kOpNames.find(out);
+  if (found != kOpNames.end()) out.assign(found->second);
+  return true;
+}
+
+// kineto_map._size: (bytes, dtype) from "In msg nelems" and "dtype", else from the first
+// input's dims and type. False where it cannot follow Python (non-ASCII, a product past int64).
+bool comm_size(const CommArgs& a, int64_t& bytes, std::string& dtype, bool& has_dtype) {
+  bytes = 0;
+  has_dtype = false;
+  std::string lower;
+  auto per = [](const std::string& t) {
+    auto found = kDtypeBytes.find(t);
+    return found != kDtypeBytes.end() ? found->second : int64_t{0};
+  };
+  if (a.nelems == CommArgs::kValue && a.dtype == CommArgs::kValue) {
+    if (!ascii_lower(a.dtype_s, lower)) return false;
+    if (__builtin_mul_overflow(a.nelems_i, per(lower), &bytes)) return false;
+    dtype = lower;
+    has_dtype = true;
+    return true;
+  }
+  if (!a.dims || !a.types) return true;
+  if (a.dims_count != CommArgs::kValue || a.first_type != CommArgs::kValue) return true;
+  if (!ascii_lower(a.first_type_s, lower)) return false;
+  if (__builtin_mul_overflow(a.dims_count_i, per(lower), &bytes)) return false;
+  dtype = lower;
+  has_dtype = !lower.empty();
+  return true;
+}
+
+// kineto_map.collectives_table's rows (the rules in that module's doc): per thread, its
+// record_param_comms by start, then the communication annotations inside none of them; times
+// of the communication kernels each launched, else its own; then all by start. False where a
+// collective's args hold something the mapping reads in a way not followed here.
+bool map_collectives(const Columns& c, Mapped& m) {
+  const Group& g = c.cpu;
+  const size_t n = g.ts.size();
+  std::vector<char> rpc_of(n, 0), ann_of(n, 0);
+  std::vector<int64_t> tids;
+  for (size_t i = 0; i < n; ++i) {
+    if (!g.name.valid[i]) continue;
+    std::string_view name = view(g.name, i);
+    rpc_of[i] = is(name, "record_param_comms");
+    ann_of[i] = is_comm_annotation(name);
+    if (rpc_of[i] || ann_of[i]) tids.push_back(g.tid[i]);
+  }
+  std::sort(tids.begin(), tids.end());
+  tids.erase(std::unique(tids.begin(), tids.end()), tids.end());
+  std::vector<CommArgs> args(n);  // of the collectives' events (none where no object)
+  for (size_t i = 0; i < n; ++i) {
+    if (!(rpc_of[i] || ann_of[i]) || !c.cpu_args.valid[i]) continue;
+    std::string_view text = view(c.cpu_args, i);
+    try {
+      args[i] = Scanner(text.data(), static_cast<int64_t>(text.size()), false).comm_args();
+    } catch (const Fallback&) {
+      return false;
+    }
+    if (args[i].odd) return false;
+  }
+  // the communication kernels whose launch is known, each with its launch's thread and time
+  std::vector<size_t> comm;
+  for (size_t k = 0; k < m.gpu_category.size(); ++k)
+    if (m.gpu_category[k] == static_cast<int64_t>(Category::kCommunication) && m.launch_found[k])
+      comm.push_back(k);
+  struct Row {
+    int64_t cpu_ns, start_ns, end_ns, bytes;
+    bool gpu, p2p, has_seq, has_dtype;
+    int64_t seq;
+    std::string group, op, dtype;
+  };
+  std::vector<Row> rows;
+  const CommArgs none;
+  auto by_start = [&](std::vector<size_t>& v) {
+    std::stable_sort(v.begin(), v.end(),
+                     [&](size_t a, size_t b) { return m.cpu_ts_ns[a] < m.cpu_ts_ns[b]; });
+  };
+  for (int64_t tid : tids) {
+    std::vector<size_t> kernels;  // this thread's, by launch time (ties as found)
+    for (size_t k : comm)
+      if (m.launch_at_tid[k] == tid) kernels.push_back(k);
+    std::stable_sort(kernels.begin(), kernels.end(),
+                     [&](size_t a, size_t b) { return m.launch_at_ns[a] < m.launch_at_ns[b]; });
+    std::vector<int64_t> launch(kernels.size());
+    for (size_t k = 0; k < kernels.size(); ++k) launch[k] = m.launch_at_ns[kernels[k]];
+    std::vector<size_t> rpc, ann;
+    for (size_t i = 0; i < n; ++i) {
+      if (g.tid[i] != tid) continue;
+      if (rpc_of[i]) rpc.push_back(i);
+      if (ann_of[i]) ann.push_back(i);
+    }
+    by_start(rpc);
+    by_start(ann);
+    std::vector<int64_t> rpc_start(rpc.size());
+    for (size_t j = 0; j < rpc.size(); ++j) rpc_start[j] = m.cpu_ts_ns[rpc[j]];
+    std::vector<int64_t> child(rpc.size(), -1);  // the first annotation inside each operator
+    std::vector<size_t> outside;
+    for (size_t a : ann) {
+      auto after = std::upper_bound(rpc_start.begin(), rpc_start.end(), m.cpu_ts_ns[a]);
+      const size_t parent = static_cast<size_t>(after - rpc_start.begin());
+      if (parent > 0 && m.cpu_ts_ns[a] <= m.cpu_end_ns[rpc[parent - 1]]) {
+        if (child[parent - 1] < 0) child[parent - 1] = static_cast<int64_t>(a);
+      } else {
+        outside.push_back(a);
+      }
+    }
+    auto add = [&](size_t event, const std::string_view op_name, const CommArgs& own,
+                   const CommArgs& sized) -> bool {
+      Row r;
+      r.cpu_ns = m.cpu_ts_ns[event];
+      auto lo = std::lower_bound(launch.begin(), launch.end(), m.cpu_ts_ns[event]);
+      auto hi = std::upper_bound(launch.begin(), launch.end(), m.cpu_end_ns[event]);
+      r.gpu = hi > lo;
+      r.start_ns = m.cpu_ts_ns[event];
+      r.end_ns = m.cpu_end_ns[event];
+      if (r.gpu) {
+        r.start_ns = std::numeric_limits<int64_t>::max();
+        r.end_ns = std::numeric_limits<int64_t>::min();
+        for (auto k = lo; k < hi; ++k) {
+          r.start_ns = std::min(r.start_ns, m.gpu_ts_ns[kernels[k - launch.begin()]]);
+          r.end_ns = std::max(r.end_ns, m.gpu_end_ns[kernels[k - launch.begin()]]);
+        }
+      }
+      if (!normal_op(op_name, r.op)) return false;
+      r.p2p = is_p2p(r.op);
+      if (!comm_size(sized, r.bytes, r.dtype, r.has_dtype)) return false;
+      const int k = own.seq[0] != CommArgs::kNone ? 0 : 1;
+      r.has_seq = own.seq[k] == CommArgs::kValue;
+      r.seq = own.seq_i[k];
+      r.group = own.group == CommArgs::kValue ? own.group_s
+              : own.pg_name == CommArgs::kValue ? own.pg_name_s : std::string("0");
+      rows.push_back(std::move(r));
+      return true;
+    };
+    for (size_t j = 0; j < rpc.size(); ++j) {
+      const size_t e = rpc[j];
+      const CommArgs& a = args[e];
+      const bool named = a.name == CommArgs::kValue && !a.name_s.empty();
+      auto lo = std::lower_bound(launch.begin(), launch.end(), m.cpu_ts_ns[e]);
+      auto hi = std::upper_bound(launch.begin(), launch.end(), m.cpu_end_ns[e]);
+      if (!named && child[j] < 0 && !(hi > lo)) continue;  // bookkeeping: dropped
+      const size_t inside = static_cast<size_t>(child[j]);
+      std::string_view op = named ? std::string_view(a.name_s)
+                          : child[j] >= 0 ? view(g.name, inside) : std::string_view("unknown");
+      const bool from_own = a.nelems != CommArgs::kNone || child[j] < 0;
+      if (!add(e, op, a, from_own ? a : args[inside])) return false;
+    }
+    for (size_t e : outside)
+      if (!add(e, view(g.name, e), none, args[e])) return false;
+  }
+  std::vector<size_t> order(rows.size());
+  for (size_t k = 0; k < order.size(); ++k) order[k] = k;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return rows[a].start_ns < rows[b].start_ns; });
+  bool all_seq = true;
+  std::unordered_map<std::string, int64_t> codes;  // each group, by first appearance
+  std::unordered_map<int64_t, int64_t> calls;      // per (group, p2p): the calls so far
+  for (size_t k : order) {
+    const Row& r = rows[k];
+    all_seq = all_seq && r.has_seq;
+    auto code = codes.emplace(r.group, static_cast<int64_t>(codes.size())).first->second;
+    const int64_t before = calls[code * 2 + (r.p2p ? 1 : 0)]++;
+    m.coll_step.push_back(step_at(m, r.cpu_ns));
+    m.coll_seq.push_back(r.has_seq ? r.seq : before);
+    m.coll_bytes.push_back(r.bytes);
+    m.coll_p2p.push_back(r.p2p);
+    m.coll_start_ns.push_back(r.start_ns);
+    m.coll_end_ns.push_back(r.end_ns);
+    m.coll_gpu.push_back(r.gpu);
+    m.coll_group.add(r.group, true);
+    m.coll_op.add(r.op, true);
+    m.coll_dtype.add(r.dtype, r.has_dtype);
+  }
+  m.coll_seq_from_trace.assign(1, all_seq ? 1 : 0);
+  return true;
+}
+
 struct Column {
   const char* name;
   const void* data;
@@ -1102,6 +1490,17 @@ std::vector<Column> columns(const Columns& c, const Mapped& m) {
                           col("sample_metric", m.sample_metric),
                           col("sample_value", m.sample_value)})
       out.push_back(mapped);
+  }
+  if (m.collectives_done) {
+    for (Column mapped : {col("coll_step", m.coll_step), col("coll_seq", m.coll_seq),
+                          col("coll_bytes", m.coll_bytes), col("coll_p2p", m.coll_p2p),
+                          col("coll_start_ns", m.coll_start_ns), col("coll_end_ns", m.coll_end_ns),
+                          col("coll_gpu", m.coll_gpu),
+                          col("coll_seq_from_trace", m.coll_seq_from_trace)})
+      out.push_back(mapped);
+    strings(out, "coll_group.offsets", "coll_group.data", "coll_group.valid", m.coll_group);
+    strings(out, "coll_op.offsets", "coll_op.data", "coll_op.valid", m.coll_op);
+    strings(out, "coll_dtype.offsets", "coll_dtype.data", "coll_dtype.valid", m.coll_dtype);
   }
   return out;
 }
@@ -1213,11 +1612,12 @@ void* dtprof_kineto_scan(const char* text, int64_t length, int release) {
       Mapped& m = r->mapped;
       m.steps_done = map_steps(r->cols, m);
       m.samples_done = m.steps_done && map_samples(r->cols, m);
+      m.collectives_done = m.steps_done && map_collectives(r->cols, m);
     } catch (const std::exception&) {  // out of memory, say: Python maps them
       r->mapped = Mapped();
     }
     if (!r->mapped.done) r->mapped = Mapped();
-    if (!r->mapped.steps_done) r->mapped.samples_done = false;
+    if (!r->mapped.steps_done) r->mapped.samples_done = r->mapped.collectives_done = false;
   }
   return r;
 }
