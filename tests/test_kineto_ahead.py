@@ -276,6 +276,29 @@ def test_alone_a_failed_write_is_one_error_naming_the_file_and_leaves_nothing(
     assert list(tmp_path.iterdir()) == [folder]  # neither the conversion nor its draft
 
 
+def test_analyze_puts_the_cache_in_place_after_analysing_or_says_why_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    native_reader_or_skip()
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)  # the conversion written beside the analysis
+    monkeypatch.setenv("DTPROF_CACHE_DIR", str(tmp_path / "cache"))
+    folder = tmp_path / "k"
+    for r in range(2):
+        kb.write(folder, f"rank{r}.json", kb.trace(r, world=2))
+    write = importer._write_tables
+
+    def full(folder: Path, tables: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(importer, "_write_tables", full)
+    assert main(["analyze", str(folder)]) == 2
+    assert "cannot write its conversion (OSError" in capsys.readouterr().err
+    assert not any((tmp_path / "cache" / "kineto").iterdir())  # neither it nor its draft
+    monkeypatch.setattr(importer, "_write_tables", write)
+    assert main(["analyze", str(folder)]) == 0
+    assert kineto_ahead.cached(folder) is not None
+
+
 def test_start_only_for_profiler_traces_to_read(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -50,7 +51,30 @@ def analyze(
     """
     root = Path(path)
     started = time.monotonic()
-    imported = summarize_imported(root, progress, scheduler, workers)  # None: a dtprof trace
+    # None: a dtprof trace. Profiler traces' conversion may still be being written beside the
+    # analysis: finish_cache() puts it in place at the end.
+    imported, finish_cache = summarize_imported(root, progress, scheduler, workers)
+    try:
+        report = _analyze(root, imported, started, steps, ranks, progress, scheduler, workers)
+    except BaseException:
+        with contextlib.suppress(Exception):  # the analysis' error is the one to show
+            finish_cache()
+        raise
+    finish_cache()
+    return report
+
+
+def _analyze(
+    root: Path,
+    imported: list[RankSummary] | None,
+    started: float,
+    steps: tuple[int | None, int | None] | None,
+    ranks: list[int] | None,
+    progress: bool,
+    scheduler: str | None,
+    workers: int | None,
+) -> Report:
+    """analyze() with the profiler traces' summaries made (None: not profiler traces)."""
     summaries: list[RankSummary | RunSummary]
     if imported is None:
         rank_dirs = find_rank_dirs(root)

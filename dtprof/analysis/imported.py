@@ -14,7 +14,7 @@ from dtprof.analysis.summarize import (
     summarize_frames,
     summarize_rank,
 )
-from dtprof.trace.importer import import_kineto, resolve, trace_kind
+from dtprof.trace.importer import import_kineto, resolve, start_import, trace_kind
 from dtprof.trace.kineto_ahead import cache_path, cached
 from dtprof.trace.reader import find_rank_dirs
 
@@ -29,8 +29,9 @@ def summarize_imported(
     progress: bool = False,
     scheduler: str | None = None,
     workers: int | None = None,
-) -> list[RankSummary] | None:
-    """Every rank's summary of a Kineto path, or None when ``root`` is a dtprof trace.
+) -> tuple[list[RankSummary] | None, Callable[[], None]]:
+    """Every rank's summary of a Kineto path, or None when ``root`` is a dtprof trace; and what
+    completes the cache, to call once after (see importer.start_import).
 
     A cached conversion is read like any dtprof trace; otherwise the files are converted into
     the cache and summarized by the workers that parsed them. On Dask (a ``scheduler`` address
@@ -39,9 +40,9 @@ def summarize_imported(
     """
     kind = trace_kind(root)
     if kind == "flight":  # converted once into the cache, then read like any dtprof trace
-        return [summarize_rank(d) for _, d in find_rank_dirs(resolve(root))]
+        return [summarize_rank(d) for _, d in find_rank_dirs(resolve(root))], _nothing
     if kind != "kineto":
-        return None
+        return None, _nothing
     if scheduler or workers:
         from dtprof.analysis.cluster import dask_map
 
@@ -56,15 +57,19 @@ def summarize_imported(
             )
 
         results = import_kineto(root, None, per_rank=summarize_tables, mapper=on_dask)
-        return [summary for _, summary in results]
+        return [summary for _, summary in results], _nothing
     hit = cached(root)
     if hit is not None:
-        return summarize_folders([d for _, d in find_rank_dirs(hit)])
+        return summarize_folders([d for _, d in find_rank_dirs(hit)]), _nothing
     target: Path | None = cache_path(root)
     try:
         assert target is not None
         target.parent.mkdir(parents=True, exist_ok=True)
     except OSError:
         target = None  # no cache: analyse anyway
-    results = import_kineto(root, target, progress=progress, per_rank=summarize_tables)
-    return [summary for _, summary in results]
+    results, finish = start_import(root, target, progress=progress, per_rank=summarize_tables)
+    return [summary for _, summary in results], finish
+
+
+def _nothing() -> None:
+    """Nothing to complete: no conversion is being written."""

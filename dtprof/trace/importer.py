@@ -14,6 +14,7 @@ files, so every rank's meta.json agrees.
 
 from __future__ import annotations
 
+import functools
 import gc
 import os
 import shutil
@@ -180,25 +181,92 @@ def import_kineto(
     ``mapper`` (e.g. a Dask cluster's) runs the files instead of this machine's processes; its
     workers write nothing, only per_rank's results come back.
     """
+    results, finish = start_import(path, out, progress=progress, per_rank=per_rank, mapper=mapper)
+    finish()
+    return results
+
+
+def start_import(
+    path: Path,
+    out: Path | None,
+    *,
+    progress: bool = False,
+    per_rank: PerRank | None = None,
+    mapper: Mapper | None = None,
+) -> tuple[list[tuple[dict[str, Any], Any]], Callable[[], None]]:
+    """import_kineto's results, and what puts ``out`` in place, to call once: the conversion's
+    files may still be being written when this returns (on two CPUs, by a thread, while the
+    caller analyses the results). Until then ``out`` is absent; finish() waits for the files,
+    names the rank folders and renames the conversion into place, or removes it and raises
+    DtprofError when a file could not be written."""
     files = trace_files(path)
     fallbacks = _fallback_ranks(files)
     kineto_native.load()  # built here once, not in each worker; forked workers inherit it
     if mapper is not None:
         jobs = [(f, fb, None, per_rank) for f, fb in zip(files, fallbacks, strict=True)]
-        return _finish(files, dict(enumerate(mapper(_convert_job, jobs))), None)
+        results, _ = _finish(files, dict(enumerate(mapper(_convert_job, jobs))), None)
+        return results, lambda: None
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}") if out is not None else None
     if tmp is not None:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-    try:
-        done = _run(files, fallbacks, tmp, per_rank, progress)
-        results = _finish(files, done, tmp)
-        if tmp is not None and out is not None:
-            os.replace(tmp, out)
-    finally:
+    writer = _Writer()
+
+    def discard() -> None:
+        writer.close()
         if tmp is not None and tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-    return results
+
+    try:
+        done = _run(files, fallbacks, tmp, per_rank, progress, writer)
+        results, name_folders = _finish(files, done, tmp)
+    except BaseException:
+        discard()
+        raise
+
+    def finish() -> None:
+        try:
+            writer.wait()
+            name_folders()
+            if tmp is not None and out is not None:
+                os.replace(tmp, out)
+        finally:
+            discard()
+
+    return results, finish
+
+
+class _Writer:
+    """The Parquet files of converted ranks, written by a second thread (started at the first):
+    Arrow writes without the GIL, on the CPU the scanning thread leaves free once it is done,
+    while the command's thread maps and summarizes the next rank."""
+
+    def __init__(self) -> None:
+        self._pool: Any = None
+        self._writes: list[tuple[Path, Any]] = []  # (the source file, its writing's future)
+
+    def write(self, file: Path, folder: Path, tables: dict[str, pa.Table]) -> None:
+        if self._pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="dtprof-write")
+        self._writes.append((file, self._pool.submit(_write_tables, folder, tables)))
+
+    def wait(self) -> None:
+        """Wait for every write; the first that failed is one DtprofError naming its file."""
+        for file, written in self._writes:
+            try:
+                written.result()
+            except Exception as exc:  # the disk full, say: one line, naming the file
+                raise DtprofError(
+                    f"{file}: cannot write its conversion ({type(exc).__name__}: {exc})"
+                ) from None
+
+    def close(self) -> None:
+        """Let the writes under way end, drop the others, and stop the thread."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
 
 
 def _run(
@@ -207,11 +275,13 @@ def _run(
     tmp: Path | None,
     per_rank: PerRank | None,
     progress: bool,
+    writer: _Writer,
 ) -> dict[int, tuple[int, str, int, dict[str, Any], Any]]:
     """Convert every file: in this process and, with more CPUs, in worker processes beside it
     (dtprof.beside: this one takes files from the last, the workers from the first). Where a
     thread scans every file ahead (kineto_ahead, on two CPUs), this process converts them all
-    alone, each scanned file first, scanning one itself when none is ready.
+    alone, each scanned file first, scanning one itself when none is ready, and ``writer``
+    writes their Parquet files.
 
     That is the order in which files scanned ahead during the imports (kineto_ahead) were
     scanned, and those stay with this process, but for the first file, whose scan the worker
@@ -237,7 +307,11 @@ def _run(
             )
 
     if ahead is not None and ahead.every:  # alone, a thread scanning every file (two CPUs)
-        _alone(files, jobs, ahead, finished)
+        left = list(reversed(range(len(files))))
+        while left:
+            i = left.pop(ahead.next_of([files[j] for j in left]))
+            write = functools.partial(writer.write, files[i])
+            finished(i, _convert_one(*jobs[i], write=write))
         return done
 
     def scanned_here(i: int) -> bool:
@@ -255,42 +329,13 @@ def _run(
     return done
 
 
-def _alone(
-    files: list[Path],
-    jobs: list[tuple[Path, tuple[int, str], Path | None, PerRank | None]],
-    ahead: kineto_ahead.ScanAhead,
-    finished: Callable[[int, tuple[int, str, int, dict[str, Any], Any]], None],
-) -> None:
-    """Convert every file here, each scanned one first, while the thread scans the rest. The
-    Parquet files are written by a second thread: Arrow writes them without the GIL, on the
-    CPU the scanning thread leaves free once it is done, while this one goes on."""
-    from concurrent.futures import Future, ThreadPoolExecutor
-
-    writes: list[tuple[Path, Future[None]]] = []  # (the file, the writing of its tables)
-    with ThreadPoolExecutor(1, thread_name_prefix="dtprof-write") as pool:
-        left = list(reversed(range(len(files))))
-        while left:
-            i = left.pop(ahead.next_of([files[j] for j in left]))
-
-            def write(folder: Path, tables: dict[str, pa.Table], file: Path = files[i]) -> None:
-                writes.append((file, pool.submit(_write_tables, folder, tables)))
-
-            finished(i, _convert_one(*jobs[i], write=write))
-        for file, written in writes:
-            try:
-                written.result()
-            except Exception as exc:  # the disk full, say: one line, naming the file
-                raise DtprofError(
-                    f"{file}: cannot write its conversion ({type(exc).__name__}: {exc})"
-                ) from None
-
-
 def _finish(
     files: list[Path],
     done: dict[int, tuple[int, str, int, dict[str, Any], Any]],
     tmp: Path | None,
-) -> list[tuple[dict[str, Any], Any]]:
-    """Check ranks, agree on the world size, write meta.json and name the rank folders."""
+) -> tuple[list[tuple[dict[str, Any], Any]], Callable[[], None]]:
+    """Check ranks and agree on the world size; and what then writes meta.json and names the
+    rank folders (once their tables are written)."""
     owner: dict[int, Path] = {}
     for i in sorted(done):
         rank = done[i][0]
@@ -313,12 +358,17 @@ def _finish(
         meta["world_size"] = world
         if result is not None and isinstance(getattr(result, "meta", None), dict):
             result.meta["world_size"] = world
-        if tmp is not None:
-            folder = tmp / f"file-{i}"
+        results.append((meta, result))
+
+    def name_folders() -> None:
+        if tmp is None:
+            return
+        for i in sorted(done):
+            rank, meta, folder = done[i][0], done[i][3], tmp / f"file-{i}"
             (folder / META_FILE).write_bytes(_json(meta))
             os.replace(folder, tmp / rank_dir_name(rank))
-        results.append((meta, result))
-    return results
+
+    return results, name_folders
 
 
 def _json(obj: Any) -> bytes:
