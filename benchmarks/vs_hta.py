@@ -22,9 +22,11 @@
    run, the peaks from the second.
    Where the native reader is built, a third dtprof row times a floor for the cold run: a
    process that does only what a cold ``analyze`` cannot skip, importing the analyzer's
-   libraries while a thread scans the files with the native reader, then scanning beside that
-   thread until every file is read, both CPUs busy from the start (on two), and none of the
-   mapping, caching, summarizing, checks or report. No cold run of this design can be quicker.
+   libraries while a thread scans the files with the native reader (which works out the GPU
+   events', steps', samples' and collectives' columns in the same call), then scanning beside
+   that thread until every file is read, both CPUs busy from the start (on two), and none of
+   the rest of the mapping, the caching, summarizing, checks or report. No cold run of this
+   design can be quicker.
 4. Prints a table of medians with the ratios, and both tools' figures for rank 0.
 """
 
