@@ -2,8 +2,11 @@
 
 It reads a trace file straight into the columns of :class:`~dtprof.trace.kineto.KinetoFile`,
 with no Python object per event and without holding the GIL, about ten times as fast as the
-Python reader. It takes only what it reads with certainty and gives anything else back: the
-Python reader then reads that file, or says what is wrong with it.
+Python reader, and in the same call works out what the mapping (:mod:`dtprof.trace.kineto_map`)
+derives from them: the GPU events' categories and launches, the steps, the memory samples and
+the collectives. It takes only what it reads with certainty and gives anything else back: the
+Python reader then reads that file, or says what is wrong with it; what it cannot map the way
+the mapping does, it leaves to the mapping.
 
 It needs no torch, only a C++17 compiler (``$CXX``, else ``c++``, ``g++`` or ``clang++``), and
 inflates gzipped traces itself where zlib is there to link (else Python inflates them). The

@@ -5,6 +5,9 @@
 // defaults. It takes only files it reads with certainty: anything unusual (a value of an
 // unexpected type, a lone surrogate, invalid UTF-8, invalid JSON, a second traceEvents) makes
 // it give the file back ("fallback"), and the Python reader then reads it or says what is wrong.
+// After the scan, the same call works out what dtprof/trace/kineto_map.py derives from those
+// columns (Mapped: the GPU events' categories and launches, the steps, the samples and the
+// collectives), by the same rules, and leaves to it whatever it cannot follow exactly.
 // Plain C ABI for ctypes: the scan runs without Python, so ctypes lets other threads run.
 
 #include <fcntl.h>
