@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -75,12 +76,19 @@ class Distinct(NamedTuple):
 
     def found(self, pattern: re.Pattern[str]) -> np.ndarray:
         """Whether each distinct value matches (``pattern.search``), and then False (nulls)."""
-        found = [v is not None and pattern.search(v) is not None for v in self.values]
-        return np.array([*found, False], bool)
+        return self._per_value(v is not None and pattern.search(v) is not None for v in self.values)
 
     def matches(self, pattern: re.Pattern[str]) -> np.ndarray:
         """Whether each row's name matches; nulls do not."""
         return self.found(pattern)[self.at]
+
+    def equal(self, value: str) -> np.ndarray:
+        """Whether each row's name is ``value``; nulls are not."""
+        return self._per_value(v == value for v in self.values)[self.at]
+
+    @staticmethod
+    def _per_value(flags: Iterable[bool]) -> np.ndarray:
+        return np.array([*flags, False], bool)  # the last: nulls
 
 
 def _table(name: str, columns: dict[str, Any]) -> pa.Table:
@@ -239,8 +247,7 @@ def collectives_table(
     if kf.collectives is not None:  # as the native reader found them, by the same rules
         return _found_collectives(kf.collectives)
     cpu = kf.cpu
-    rpc = [v == "record_param_comms" for v in cpu_names.values]
-    is_rpc = np.array([*rpc, False])[cpu_names.at]
+    is_rpc = cpu_names.equal("record_param_comms")
     is_ann = cpu_names.matches(COMM_ANNOTATION)
     names = cpu.name.to_pylist() if (is_rpc | is_ann).any() else []
     comm = _comm_launches(kf, category, launches)
@@ -462,7 +469,8 @@ def samples_table(kf: KinetoFile, steps: pd.DataFrame) -> pa.Table:
     key = step_at(steps, ts) * 2 + cuda  # (step, device): a group
     by_key = np.argsort(key, kind="stable")  # the groups in order, each in time order
     key, ts = key[by_key], ts[by_key]
-    group_key, group_ts = key[_run_ends(key)], ts[_run_ends(key)]  # each group's last reading
+    ends = _run_ends(key)  # each group's last reading
+    group_key, group_ts = key[ends], ts[ends]
     parts = []
     for what, values in (
         ("allocated", kf.memory_allocated[order][by_key]),
