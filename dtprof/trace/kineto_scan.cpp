@@ -1044,6 +1044,20 @@ bool memory_category(std::string_view c) {
   return is(c, "gpu_memcpy") || is(c, "gpu_memset") || is(c, "Memcpy") || is(c, "Memset");
 }
 
+// kineto_native.read's stamps of a group: each event's start and end (start + its duration,
+// none below 0) in ns. False where one is out of range.
+bool group_ns(const Group& g, std::vector<int64_t>& ts_ns, std::vector<int64_t>& end_ns) {
+  const size_t n = g.ts.size();
+  ts_ns.resize(n);
+  end_ns.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    int64_t dur;
+    if (!ns_from_us(g.ts[i], ts_ns[i]) || !ns_from_us(g.dur[i], dur)) return false;
+    end_ns[i] = ts_ns[i] + std::max<int64_t>(dur, 0);
+  }
+  return true;
+}
+
 std::string_view view(const Strings& s, size_t i) {
   return std::string_view(s.data.data() + s.offsets[i], s.offsets[i + 1] - s.offsets[i]);
 }
@@ -1053,13 +1067,7 @@ std::string_view view(const Strings& s, size_t i) {
 void map_gpu(const Columns& c, Mapped& m) {
   const Group& g = c.gpu;
   const size_t n = g.ts.size();
-  m.gpu_ts_ns.resize(n);
-  m.gpu_end_ns.resize(n);
-  for (size_t i = 0; i < n; ++i) {
-    int64_t dur;
-    if (!ns_from_us(g.ts[i], m.gpu_ts_ns[i]) || !ns_from_us(g.dur[i], dur)) return;
-    m.gpu_end_ns[i] = m.gpu_ts_ns[i] + std::max<int64_t>(dur, 0);
-  }
+  if (!group_ns(g, m.gpu_ts_ns, m.gpu_end_ns)) return;
   m.launch_ts_ns.resize(c.launch_ts.size());
   for (size_t i = 0; i < c.launch_ts.size(); ++i)
     if (!ns_from_us(c.launch_ts[i], m.launch_ts_ns[i])) return;
@@ -1110,13 +1118,7 @@ void map_gpu(const Columns& c, Mapped& m) {
 bool map_steps(const Columns& c, Mapped& m) {
   const Group& g = c.cpu;
   const size_t n = g.ts.size();
-  m.cpu_ts_ns.resize(n);
-  m.cpu_end_ns.resize(n);
-  for (size_t i = 0; i < n; ++i) {
-    int64_t dur;
-    if (!ns_from_us(g.ts[i], m.cpu_ts_ns[i]) || !ns_from_us(g.dur[i], dur)) return false;
-    m.cpu_end_ns[i] = m.cpu_ts_ns[i] + std::max<int64_t>(dur, 0);
-  }
+  if (!group_ns(g, m.cpu_ts_ns, m.cpu_end_ns)) return false;
   std::vector<std::pair<int64_t, size_t>> found;  // (N, event)
   for (size_t i = 0; i < n; ++i) {
     if (!g.name.valid[i] || !is_step(view(g.name, i))) continue;
@@ -1348,12 +1350,16 @@ bool map_collectives(const Columns& c, Mapped& m) {
         outside.push_back(a);
       }
     }
-    auto add = [&](size_t event, const std::string_view op_name, const CommArgs& own,
-                   const CommArgs& sized) -> bool {
+    // the kernels this thread launched during an event: [lo, hi) of `launch`
+    auto launched = [&](size_t event) {
+      return std::make_pair(std::lower_bound(launch.begin(), launch.end(), m.cpu_ts_ns[event]),
+                            std::upper_bound(launch.begin(), launch.end(), m.cpu_end_ns[event]));
+    };
+    auto add = [&](size_t event, auto kernels_during, const std::string_view op_name,
+                   const CommArgs& own, const CommArgs& sized) -> bool {
       Row r;
       r.cpu_ns = m.cpu_ts_ns[event];
-      auto lo = std::lower_bound(launch.begin(), launch.end(), m.cpu_ts_ns[event]);
-      auto hi = std::upper_bound(launch.begin(), launch.end(), m.cpu_end_ns[event]);
+      const auto [lo, hi] = kernels_during;
       r.gpu = hi > lo;
       r.start_ns = m.cpu_ts_ns[event];
       r.end_ns = m.cpu_end_ns[event];
@@ -1380,17 +1386,16 @@ bool map_collectives(const Columns& c, Mapped& m) {
       const size_t e = rpc[j];
       const CommArgs& a = args[e];
       const bool named = a.name == CommArgs::kValue && !a.name_s.empty();
-      auto lo = std::lower_bound(launch.begin(), launch.end(), m.cpu_ts_ns[e]);
-      auto hi = std::upper_bound(launch.begin(), launch.end(), m.cpu_end_ns[e]);
-      if (!named && child[j] < 0 && !(hi > lo)) continue;  // bookkeeping: dropped
+      const auto during = launched(e);
+      if (!named && child[j] < 0 && !(during.second > during.first)) continue;  // bookkeeping
       const size_t inside = static_cast<size_t>(child[j]);
       std::string_view op = named ? std::string_view(a.name_s)
                           : child[j] >= 0 ? view(g.name, inside) : std::string_view("unknown");
       const bool from_own = a.nelems != CommArgs::kNone || child[j] < 0;
-      if (!add(e, op, a, from_own ? a : args[inside])) return false;
+      if (!add(e, during, op, a, from_own ? a : args[inside])) return false;
     }
     for (size_t e : outside)
-      if (!add(e, view(g.name, e), none, args[e])) return false;
+      if (!add(e, launched(e), view(g.name, e), none, args[e])) return false;
   }
   std::vector<size_t> order(rows.size());
   for (size_t k = 0; k < order.size(); ++k) order[k] = k;
