@@ -100,6 +100,13 @@ def _gpu(cat: str, name: str, stream: int, ts: float, dur: float, corr: int, **e
     return _x(cat, name, 0, stream, ts, dur, args)
 
 
+def ranks(folder: Path, world: int) -> Path:
+    """A folder of ``world`` ranks' traces, ``rank0.json`` on."""
+    for rank in range(world):
+        write(folder, f"rank{rank}.json", trace(rank, world=world))
+    return folder
+
+
 def write(folder: Path, name: str, doc: dict[str, Any], layout: str = "profiler") -> Path:
     """Write one trace file, gzipped when the name ends in .gz: laid out over lines as the
     profiler writes it (``profiler``), or all on one line (``compact``)."""

@@ -207,9 +207,7 @@ def test_the_importer_keeps_files_scanned_ahead_for_its_own_process(
 ) -> None:
     native_reader_or_skip()
     monkeypatch.setattr(os, "cpu_count", lambda: 3)  # two worker processes beside this one
-    folder = tmp_path / "k"
-    for r in range(4):
-        kb.write(folder, f"rank{r}.json", kb.trace(r, world=4))
+    folder = kb.ranks(tmp_path / "k", 4)
     plain = import_kineto(folder, tmp_path / "plain")
     ahead = kineto_ahead.start(folder)
     assert ahead is not None and not ahead.every
@@ -234,9 +232,7 @@ def test_on_two_cpus_the_importer_reads_every_file_alone_beside_the_scan(
 ) -> None:
     native_reader_or_skip()
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
-    folder = tmp_path / "k"
-    for r in range(4):
-        kb.write(folder, f"rank{r}.json", kb.trace(r, world=4))
+    folder = kb.ranks(tmp_path / "k", 4)
     plain = import_kineto(folder, tmp_path / "plain")
     ahead = kineto_ahead.start(folder)
     assert ahead is not None and ahead.every
@@ -261,9 +257,7 @@ def test_alone_a_failed_write_is_one_error_naming_the_file_and_leaves_nothing(
 ) -> None:
     native_reader_or_skip()
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
-    folder = tmp_path / "k"
-    for r in range(2):
-        kb.write(folder, f"rank{r}.json", kb.trace(r, world=2))
+    folder = kb.ranks(tmp_path / "k", 2)
     assert kineto_ahead.start(folder) is not None
 
     def full(folder: Path, tables: object) -> None:
@@ -282,9 +276,7 @@ def test_analyze_puts_the_cache_in_place_after_analysing_or_says_why_not(
     native_reader_or_skip()
     monkeypatch.setattr(os, "cpu_count", lambda: 2)  # the conversion written beside the analysis
     monkeypatch.setenv("DTPROF_CACHE_DIR", str(tmp_path / "cache"))
-    folder = tmp_path / "k"
-    for r in range(2):
-        kb.write(folder, f"rank{r}.json", kb.trace(r, world=2))
+    folder = kb.ranks(tmp_path / "k", 2)
     write = importer._write_tables
 
     def full(folder: Path, tables: object) -> None:
