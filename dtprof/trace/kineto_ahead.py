@@ -4,7 +4,7 @@ A cold ``dtprof analyze`` of PyTorch profiler traces spends its first half secon
 numpy, pyarrow and pandas, on one CPU. This module needs only the standard library, so the
 command can look first (are these profiler traces, is their conversion cached, is the native
 reader built) and, when the files must be read, start one thread that scans them with the
-native reader (``kineto_scan.cpp``) meanwhile. The scan runs in C without the GIL, beside the
+native reader (``kineto_*.cpp``) meanwhile. The scan runs in C without the GIL, beside the
 imports.
 
 The thread scans from the last file backwards, the order in which the importer's own process
@@ -34,7 +34,21 @@ from dtprof.cache import cache_root, native_root
 from dtprof.trace.layout import IMPORTER_VERSION, SCHEMA_VERSION, has_rank_dirs
 
 KINETO_SUFFIXES = (".json", ".json.gz")
-SOURCE = Path(__file__).with_name("kineto_scan.cpp")
+SOURCE = Path(__file__).with_name("kineto_scan.cpp")  # the C ABI: errors name it
+# every file of the native reader (kineto_scan.cpp says what each holds): a change to any of
+# them builds it again
+SOURCES = tuple(
+    SOURCE.with_name(name)
+    for name in (
+        "kineto_scan.cpp",
+        "kineto_scan.h",
+        "kineto_json.h",
+        "kineto_events.cpp",
+        "kineto_comm_args.cpp",
+        "kineto_map.cpp",
+        "kineto_collectives.cpp",
+    )
+)
 OFF_VALUES = {"0", "off", "no", "false"}
 
 
@@ -76,8 +90,10 @@ def compiler() -> str | None:
 
 
 def library_path() -> Path:
-    """The native reader in the cache, named by its source, the compiler and the machine."""
-    key = hashlib.sha1(SOURCE.read_bytes())
+    """The native reader in the cache, named by its sources, the compiler and the machine."""
+    key = hashlib.sha1()
+    for source in SOURCES:
+        key.update(f"{source.name}\0".encode() + source.read_bytes() + b"\0")
     key.update(f"\0{compiler()}\0{platform.machine()}\0{sys.platform}".encode())
     return native_root() / f"kineto-scan-{key.hexdigest()[:16]}.so"
 

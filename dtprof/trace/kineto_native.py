@@ -1,4 +1,4 @@
-"""The native reader of PyTorch profiler traces (``kineto_scan.cpp``): built once, then loaded.
+"""The native reader of PyTorch profiler traces (``kineto_*.cpp``): built once, then loaded.
 
 It reads a trace file straight into the columns of :class:`~dtprof.trace.kineto.KinetoFile`,
 with no Python object per event and without holding the GIL, about ten times as fast as the
@@ -11,9 +11,9 @@ the mapping does, it leaves to the mapping.
 It needs no torch, only a C++17 compiler (``$CXX``, else ``c++``, ``g++`` or ``clang++``), and
 inflates gzipped traces itself where zlib is there to link (else Python inflates them). The
 first import of profiler traces builds it into dtprof's cache (about 2 s, once per version of
-its source); ``dtprof build-native`` builds it ahead. Where the build fails, the failure is
-kept beside it and the Python reader is used without trying again until the source changes.
-``DTPROF_NATIVE=0`` keeps it unloaded.
+its sources, ``kineto_ahead.SOURCES``); ``dtprof build-native`` builds it ahead. Where the build
+fails, the failure is kept beside it and the Python reader is used without trying again until a
+source changes. ``DTPROF_NATIVE=0`` keeps it unloaded.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import pyarrow as pa
 from dtprof.errors import DtprofError
 from dtprof.trace import kineto_ahead
 from dtprof.trace.kineto import Cols, KinetoFile, ns_from_us
-from dtprof.trace.kineto_ahead import SOURCE, compiler, library_path, off, open_library
+from dtprof.trace.kineto_ahead import SOURCE, SOURCES, compiler, library_path, off, open_library
 from dtprof.trace.kineto_events import HEADER_KEYS, Args, read_bytes
 
 MAX_COLUMNS = 128  # the scanner has about 70
@@ -54,14 +54,16 @@ _why_not = ""
 
 
 def build(verbose: bool = False) -> Path:
-    """Compile kineto_scan.cpp into the cache (again only when the source or compiler changed)."""
+    """Compile the native reader into the cache (again only when a source or the compiler
+    changed)."""
     cxx = compiler()
     if cxx is None:
         raise DtprofError(f"{SOURCE}: no C++ compiler found (set CXX, or install g++)")
     target = library_path()
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}")
-    cmd = [cxx, "-O2", "-std=c++17", "-shared", "-fPIC", "-o", str(tmp), str(SOURCE)]
+    sources = [str(s) for s in SOURCES if s.suffix == ".cpp"]  # the headers they include
+    cmd = [cxx, "-O2", "-std=c++17", "-shared", "-fPIC", "-o", str(tmp), *sources]
     try:
         # with zlib, gzipped traces are inflated natively too; without it (no zlib.h or
         # libz.so), the Python reader inflates them and the scan reads the text
