@@ -78,7 +78,8 @@ class CommArgsReader : public JsonReader {
       odd = true;
       return CommArgs::kOther;
     }
-    Num n = number();
+    Num n;
+    number(n);
     if (!n.present) return CommArgs::kNone;
     const bool number_read = c == '-' || (c >= '0' && c <= '9');
     if (number_read && n.integral && !n.odd) {
@@ -115,7 +116,8 @@ class CommArgsReader : public JsonReader {
           odd = true;
           return;
         }
-        Num n = number();
+        Num n;
+        number(n);
         const bool read = c == '-' || (c >= '0' && c <= '9');
         if (!(read && n.integral)) {  // null, a fraction, a string, a list: no count
           integers = false;

@@ -119,9 +119,9 @@ class TraceReader : public JsonReader {
   };
 
   // The args keys the groups read (the last of a repeated key, as the Python reader takes it),
-  // from the args object at p_.
-  Args args_here() {
-    Args a;
+  // from the args object at p_, into a (see Num: filled in place).
+  void args_here(Args& a) {
+    a = Args();
     members([&](std::string_view key) {
       Num* field = nullptr;
       switch (key.size()) {  // by length first: most keys are none of these
@@ -134,20 +134,18 @@ class TraceReader : public JsonReader {
         case 14: if (is(key, "Total Reserved")) field = &a.total_reserved; break;
         case 15: if (is(key, "Total Allocated")) field = &a.total_allocated; break;
       }
-      if (field) *field = number();
+      if (field) number(*field);
       else skip(2);
     });
-    return a;
   }
 
   // The same, of an args object already passed over (a kind field came after it).
-  Args args_at(int64_t start, int64_t stop) {
+  void args_at(int64_t start, int64_t stop, Args& a) {
     const char* saved = p_;
     p_ = begin_ + start;
-    Args a = args_here();
+    args_here(a);
     if (p_ - begin_ != stop) fail("args changed under the scan");
     p_ = saved;
-    return a;
   }
 
   // Which groups an event belongs to, by its ph, cat and name (0: none).
@@ -174,7 +172,7 @@ class TraceReader : public JsonReader {
   double real(const Num& n, double missing) const {
     if (!n.present) return missing;
     if (n.odd) throw Fallback{"a non-number where a number is read", p_ - begin_};
-    return n.d;
+    return n.integral ? static_cast<double>(n.i) : n.d;  // correctly rounded, as float(int)
   }
 
   // An event's columns in the group it belongs to (an event may be in both). Inlined by force:
@@ -199,13 +197,13 @@ class TraceReader : public JsonReader {
     Args a;
     members([&](std::string_view key) {
       switch (event_key(key)) {
-        case kPh: ph = text(ph_scratch_); break;
-        case kCat: cat = text(cat_scratch_); break;
-        case kName: name = text(name_scratch_); break;
-        case kPid: pid = number(); break;
-        case kTid: tid = number(); break;
-        case kTs: ts = number(); break;
-        case kDur: dur = number(); break;
+        case kPh: text(ph_scratch_, ph); break;
+        case kCat: text(cat_scratch_, cat); break;
+        case kName: text(name_scratch_, name); break;
+        case kPid: number(pid); break;
+        case kTid: number(tid); break;
+        case kTs: number(ts); break;
+        case kDur: number(dur); break;
         case kArgs:
           args_object = peek() == '{';
           args_start = p_ - begin_;
@@ -214,7 +212,7 @@ class TraceReader : public JsonReader {
           // counts) makes the event one that reads args, they are read again at the end.
           args_read = args_object && (kind_of(ph, cat, name) & kArgsRead);
           if (args_read) {
-            a = args_here();
+            args_here(a);
           } else {
             skip(2);
           }
@@ -227,7 +225,7 @@ class TraceReader : public JsonReader {
     if (!kind) return;
     std::string_view n = name.present ? name.s : std::string_view();
     if (!args_object) a = Args();  // the last args are no object: none of their keys count
-    else if ((kind & kArgsRead) && !args_read) a = args_at(args_start, args_stop);
+    else if ((kind & kArgsRead) && !args_read) args_at(args_start, args_stop, a);
     if (kind & kGpu) {
       common(c.gpu, n, cat, ts, dur, pid, tid);
       c.gpu_stream.push_back(integer(a.stream, -1));

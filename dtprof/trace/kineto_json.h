@@ -22,13 +22,16 @@ namespace dtprof_kineto __attribute__((visibility("hidden"))) {
 
 constexpr int kMaxDepth = 512;
 
-// An optional JSON value of the kinds the importer reads.
+// An optional JSON value of the kinds the importer reads. The readers below fill one in place:
+// returned by value, each was built field by field on the stack and then copied with wide
+// loads, which stall on narrow stores just made (store-to-load forwarding fails); that was a
+// tenth of a scan.
 struct Num {
   bool present = false;  // false: missing or null (the Python reader's None)
   bool odd = false;      // a value the Python reader would convert some other way
   bool integral = false;
-  int64_t i = 0;
-  double d = 0.0;
+  int64_t i = 0;    // integral and not odd: the value
+  double d = 0.0;   // not integral: the value (integers are converted only where read as reals)
 };
 
 struct Str {
@@ -300,8 +303,8 @@ class JsonReader {
   // The digits are read through a local pointer: a loop that advanced the member p_ would
   // store it back at every digit. kConvert false: a number skipped, its grammar checked only.
   template <bool kConvert = true>
-  Num number_value() {
-    Num n;
+  void number_value(Num& n) {
+    n = Num();
     n.present = true;
     const char* const start = p_;
     const char* q = p_;
@@ -352,46 +355,44 @@ class JsonReader {
       while (digit()) ++q;
     }
     p_ = q;
-    if constexpr (!kConvert) return n;
+    if constexpr (!kConvert) return;
     constexpr uint64_t kMax = static_cast<uint64_t>(INT64_MAX);
     if (n.integral && fits && magnitude <= kMax + (negative ? 1 : 0)) {
       n.i = negative ? static_cast<int64_t>(0 - magnitude) : static_cast<int64_t>(magnitude);
-      n.d = static_cast<double>(n.i);  // correctly rounded, as Python's float(int)
-      return n;
+      return;
     }
     if (n.integral) n.odd = true;  // past int64: Python keeps it exact
     auto r = std::from_chars(start, p_, n.d);
     if (r.ec != std::errc() || r.ptr != p_ || !std::isfinite(n.d)) fail("number out of range");
-    return n;
   }
 
   // A value read as a number: numbers, null; anything else is odd (and skipped).
-  Num number() {
+  void number(Num& n) {
     char c = peek();
     if (c == 'n') {
       literal("null");
-      return Num();
+      n = Num();
+      return;
     }
     if (c != '-' && !(c >= '0' && c <= '9')) {
-      Num n;
+      n = Num();
       n.present = n.odd = true;
       skip(1);
-      return n;
+      return;
     }
-    return number_value();
+    number_value(n);
   }
 
   // A value read as a string: strings, null; anything else fails (the Python reader decides).
-  Str text(std::string& scratch) {
-    Str s;
+  void text(std::string& scratch, Str& s) {
     if (peek() == 'n') {
       literal("null");
-      return s;
+      s = Str();
+      return;
     }
     if (peek() != '"') fail("a string field holds something else");
-    s.present = true;
     s.s = string(scratch);
-    return s;
+    s.present = true;
   }
 
 
@@ -462,7 +463,8 @@ class JsonReader {
     } else if (c == 'n') {
       literal("null");
     } else {
-      number_value<false>();
+      Num passed;
+      number_value<false>(passed);
     }
   }
 };
