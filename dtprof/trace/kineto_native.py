@@ -10,7 +10,7 @@ the mapping does, it leaves to the mapping.
 
 It needs no torch, only a C++17 compiler (``$CXX``, else ``c++``, ``g++`` or ``clang++``), and
 inflates gzipped traces itself where zlib is there to link (else Python inflates them). The
-first import of profiler traces builds it into dtprof's cache (about 2 s, once per version of
+first import of profiler traces builds it into dtprof's cache (about 4 s, once per version of
 its sources, ``kineto_ahead.SOURCES``); ``dtprof build-native`` builds it ahead. Where the build
 fails, the failure is kept beside it and the Python reader is used without trying again until a
 source changes. ``DTPROF_NATIVE=0`` keeps it unloaded.
