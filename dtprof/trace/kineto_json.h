@@ -24,8 +24,8 @@ constexpr int kMaxDepth = 512;
 
 // An optional JSON value of the kinds the importer reads. The readers below fill one in place:
 // returned by value, each was built field by field on the stack and then copied with wide
-// loads, which stall on narrow stores just made (store-to-load forwarding fails); that was a
-// tenth of a scan.
+// loads, which stall on narrow stores just made (store-to-load forwarding fails): in place, a
+// scan is about 8% quicker.
 struct Num {
   bool present = false;  // false: missing or null (the Python reader's None)
   bool odd = false;      // a value the Python reader would convert some other way
