@@ -57,6 +57,12 @@ def ns_from_us(values: list[Any] | np.ndarray) -> np.ndarray:
     return whole.astype(np.int64) * 1000 + np.rint((us - whole) * 1000).astype(np.int64)
 
 
+def ends_ns(ts_ns: np.ndarray, dur_us: list[Any] | np.ndarray) -> np.ndarray:
+    """Each event's end: its start plus its duration (µs, as ns_from_us reads them), none
+    below 0."""
+    return ts_ns + np.maximum(ns_from_us(dur_us), 0)
+
+
 def _ints(values: list[Any], default: int = -1) -> np.ndarray:
     """Integers from JSON values that may be missing or strings; what is not a number -> default."""
     out = np.full(len(values), default, dtype=np.int64)
@@ -153,7 +159,7 @@ def _columns(
     out: dict[str, Any] = {}
     ts = out[f"{group}_ts_ns"] = ns_from_us(list(map(_TS, sub)))
     if "end_ns" in fields:
-        out[f"{group}_end_ns"] = ts + np.maximum(ns_from_us(list(map(_DUR, sub))), 0)
+        out[f"{group}_end_ns"] = ends_ns(ts, list(map(_DUR, sub)))
     if "name" in fields:
         out[f"{group}_name"] = pc.fill_null(_strings(list(map(_NAME, sub))), "")
     if "pid" in fields:

@@ -32,7 +32,7 @@ import pyarrow as pa
 
 from dtprof.errors import DtprofError
 from dtprof.trace import kineto_ahead
-from dtprof.trace.kineto import Cols, KinetoFile, ns_from_us
+from dtprof.trace.kineto import Cols, KinetoFile, ends_ns, ns_from_us
 from dtprof.trace.kineto_ahead import SOURCE, SOURCES, compiler, library_path, off, open_library
 from dtprof.trace.kineto_events import HEADER_KEYS, Args, read_bytes
 
@@ -246,14 +246,14 @@ def read(path: Path) -> KinetoFile | str:
         gpu_ts, gpu_end, launch_ts = cols["gpu_ts_ns"], cols["gpu_end_ns"], cols["launch_ts_ns"]
     else:
         gpu_ts = ns_from_us(cols["gpu_ts"])  # in the Python reader's order: it names the first
-        gpu_end = gpu_ts + np.maximum(ns_from_us(cols["gpu_dur"]), 0)  # stamp out of range
+        gpu_end = ends_ns(gpu_ts, cols["gpu_dur"])  # stamp out of range
         launch_ts = ns_from_us(cols["launch_ts"])
     steps = "step_number" in cols  # the CPU stamps too, and the steps
     if steps:
         cpu_ts, cpu_end = cols["cpu_ts_ns"], cols["cpu_end_ns"]
     else:
         cpu_ts = ns_from_us(cols["cpu_ts"])
-        cpu_end = cpu_ts + np.maximum(ns_from_us(cols["cpu_dur"]), 0)
+        cpu_end = ends_ns(cpu_ts, cols["cpu_dur"])
     samples = "sample_step" in cols
     gpu_tid, stream = cols["gpu_tid"], cols["gpu_stream"]
     launch_correlation = cols["launch_correlation"]
