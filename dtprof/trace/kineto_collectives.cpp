@@ -220,10 +220,8 @@ bool map_collectives(const Columns& c, Mapped& m) {
     for (size_t e : outside)
       if (!add(e, launched(e), view(g.name, e), none, args[e])) return false;
   }
-  std::vector<size_t> order(rows.size());
-  for (size_t k = 0; k < order.size(); ++k) order[k] = k;
-  std::stable_sort(order.begin(), order.end(),
-                   [&](size_t a, size_t b) { return rows[a].start_ns < rows[b].start_ns; });
+  const std::vector<size_t> order = stable_order(
+      rows.size(), [&](size_t a, size_t b) { return rows[a].start_ns < rows[b].start_ns; });
   bool all_seq = true;
   std::unordered_map<std::string, int64_t> codes;  // each group, by first appearance
   std::unordered_map<int64_t, int64_t> calls;      // per (group, p2p): the calls so far

@@ -151,10 +151,9 @@ bool map_steps(const Columns& c, Mapped& m) {
       m.step_end_ns.back() = std::max(m.step_end_ns.back(), m.cpu_end_ns[i]);
     }
   }
-  std::vector<size_t> by_start(m.step_number.size());
-  for (size_t k = 0; k < by_start.size(); ++k) by_start[k] = k;
-  std::stable_sort(by_start.begin(), by_start.end(),
-                   [&](size_t a, size_t b) { return m.step_start_ns[a] < m.step_start_ns[b]; });
+  const std::vector<size_t> by_start = stable_order(m.step_number.size(), [&](size_t a, size_t b) {
+    return m.step_start_ns[a] < m.step_start_ns[b];
+  });
   auto reorder = [&](std::vector<int64_t>& v) {
     std::vector<int64_t> out(v.size());
     for (size_t k = 0; k < v.size(); ++k) out[k] = v[by_start[k]];
@@ -182,9 +181,8 @@ bool map_samples(const Columns& c, Mapped& m) {
     if (!ns_from_us(c.memory_ts[i], ts[i])) return false;
     key[i] = step_at(m, ts[i]) * 2 + (c.memory_device_type[i] == 1 ? 1 : 0);
   }
-  std::vector<size_t> order(n);  // by group, each group in time order
-  for (size_t i = 0; i < n; ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return ts[a] < ts[b]; });
+  // by group, each group in time order
+  std::vector<size_t> order = stable_order(n, [&](size_t a, size_t b) { return ts[a] < ts[b]; });
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return key[a] < key[b]; });
   for (int metric = 0; metric < 2; ++metric) {
     const std::vector<double>& values = metric == 0 ? c.memory_allocated : c.memory_reserved;

@@ -7,6 +7,7 @@
 
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -172,6 +173,16 @@ struct CommArgs {
 
 inline std::string_view view(const Strings& s, size_t i) {
   return std::string_view(s.data.data() + s.offsets[i], s.offsets[i + 1] - s.offsets[i]);
+}
+
+// The places 0..n-1 in the order less(a, b) gives them, equals in place order: numpy's
+// argsort(kind="stable"), which the mapping uses.
+template <typename Less>
+std::vector<size_t> stable_order(size_t n, Less less) {
+  std::vector<size_t> order(n);
+  for (size_t k = 0; k < n; ++k) order[k] = k;
+  std::stable_sort(order.begin(), order.end(), less);
+  return order;
 }
 
 // The calls from one file to another: once per trace, or once per collective, never per event
