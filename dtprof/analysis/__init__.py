@@ -7,8 +7,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
+from concurrent.futures import BrokenExecutor, Executor, ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -147,6 +146,8 @@ def map_ranks(
     total = sum(sizes)
     pool: Executor
     if total >= PROCESSES_FROM and cpus > 1:  # ranks, not items: an item may hold a batch
+        from concurrent.futures import ProcessPoolExecutor  # with multiprocessing: 7 ms to import
+
         workers = min(cpus, len(folders))
         # items in chunks of up to 4, but never so few chunks that a worker has none
         pool, chunk = ProcessPoolExecutor(workers), max(1, min(4, len(folders) // (2 * workers)))
@@ -159,7 +160,7 @@ def map_ranks(
             for size, summary in zip(sizes, pool.map(fn, folders, chunksize=chunk), strict=True):
                 summaries.append(summary)
                 shown.add(size)
-    except BrokenProcessPool:
+    except BrokenExecutor:  # a process pool's worker died
         # the pool fails every item not finished: the dead worker's is the first of them or one
         # after it, and map() hands results in order, so that is as near as it can name it
         raise DtprofError(
