@@ -365,6 +365,12 @@ def test_cli_analyze_caches_and_convert_writes_a_dtprof_trace(
     parts = sorted(converted.glob("*/*/part-*.parquet"))  # lz4: quicker than zstd both ways
     codecs = {pq.ParquetFile(p).metadata.row_group(0).column(0).compression for p in parts}
     assert parts and codecs == {"LZ4"}
+    for rank_dir in converted.glob("rank=*"):  # a folder only for each table with rows
+        assert {p.parent.name for p in rank_dir.glob("*/part-*.parquet")} == {
+            p.name for p in rank_dir.iterdir() if p.is_dir()
+        }
+    assert not (converted / "rank=00000" / "fingerprints").exists()
+    assert dtprof.load_trace(converted).fingerprints.empty
     assert main(["convert", str(folder), "-o", str(converted)]) == 2  # not over a trace
     assert main(["analyze", str(folder)]) == 0
     text = capsys.readouterr().out
