@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from dtprof.analysis.columns import rows, values
 from dtprof.analysis.summarize import (
     COMPUTE_PHASES,
     RankSummary,
@@ -27,13 +27,15 @@ from dtprof.analysis.summarize import (
     summarize_frames,
 )
 from dtprof.trace.follow import read_rank
-from dtprof.trace.reader import clock_params, table_frame
+from dtprof.trace.reader import clock_params, rank_table
 from dtprof.trace.schema import TABLES
 
-# the frames that grow with the run, one row per record: sliced out of the combined run
+# the tables that grow with the run, one row per record: sliced out of the combined run
 ROW_FRAMES = ("steps", "phases", "actions", "collectives", "scalars", "fingerprints", "memory")
-GROWING = (*ROW_FRAMES, "events")
 NVML_PREFIX = "gpu_"  # the samples the summary leaves out (it keeps the memory readings)
+PHASE_TIME = pa.schema(
+    [("step", pa.int64()), ("compute_ns", pa.float64()), ("data_ns", pa.float64())]
+)
 
 
 @dataclass(frozen=True)
@@ -41,13 +43,13 @@ class Held:
     """One rank as the dashboard keeps it."""
 
     summary: RankSummary
-    pending: pd.DataFrame  # step, compute_ns, data_ns: phase time of steps with no row yet
+    pending: pa.Table  # step, compute_ns, data_ns: phase time of steps with no row yet
     samples: pa.Table  # the samples rows as read (the Memory & GPU page draws them all)
     version: int = 0  # counts the polls that changed this rank (keys the row cache)
 
     @property
     def kernels(self) -> bool:
-        return not self.summary.gpu.empty
+        return self.summary.gpu.num_rows > 0
 
 
 def fresh(job: tuple[int, str, dict[str, Any], list[dict[str, Any]]]) -> tuple[Held, Any, int]:
@@ -63,10 +65,9 @@ def build(
 ) -> Held:
     """A rank's Held from all of its rows."""
     summary = summarize_frames({**meta, "rank": rank}, tables, inflight)
-    last = summary.steps["step"].max() if not summary.steps.empty else -1
     return Held(
         summary=summary,
-        pending=_phase_time(rank, meta, tables, after=int(last)),
+        pending=_phase_time(rank, meta, tables, after=_last_step(summary.steps)),
         samples=_nvml(tables),
     )
 
@@ -80,31 +81,29 @@ def extend(
     """``held`` with one poll's new rows of its rank (inflight: the new list, None: unchanged)."""
     rank = held.summary.rank
     part = summarize_frames({**meta, "rank": rank}, tables, inflight or [])
-    sums = pd.concat([held.pending, _phase_time(rank, meta, tables, after=-1)])
-    sums = sums.groupby("step")[["compute_ns", "data_ns"]].sum(min_count=1)
-    steps = part.steps.assign(
-        compute_ns=part.steps["step"].map(sums["compute_ns"]).to_numpy(np.float64),
-        data_ns=part.steps["step"].map(sums["data_ns"]).to_numpy(np.float64),
-    )
-    last = max(
-        int(held.summary.steps["step"].max()) if not held.summary.steps.empty else -1,
-        int(steps["step"].max()) if not steps.empty else -1,
-    )
-    # an empty frame takes the other's types (an empty text column is not categorical)
-    part = replace(part, steps=steps)
-    old = held.summary
-    fill_old = {n: getattr(part, n).iloc[:0] for n in GROWING if getattr(old, n).empty}
-    fill_new = {n: getattr(old, n).iloc[:0] for n in GROWING if getattr(part, n).empty}
-    both = combine([replace(old, **fill_old), replace(part, **fill_new)])
-    summary = as_rank(both, rank, meta)
+    sums = _per_step(pa.concat_tables([held.pending, _phase_time(rank, meta, tables, after=-1)]))
+    steps = part.steps
+    keys, step = values(sums, "step"), values(steps, "step")
+    at = np.searchsorted(keys, step)
+    found = at < len(keys)
+    found[found] = keys[at[found]] == step[found]
+    for name in ("compute_ns", "data_ns"):
+        ns = np.full(steps.num_rows, np.nan)
+        ns[found] = values(sums, name)[at[found]]
+        steps = steps.set_column(steps.schema.get_field_index(name), name, pa.array(ns))
+    last = max(_last_step(held.summary.steps), _last_step(steps))
+    # the tables' types are fixed (an empty one has the columns and types of a full one), so
+    # old and new concatenate as they are
+    both = combine([held.summary, replace(part, steps=steps)])
     summary = replace(
-        summary,
-        last_span=part.last_span if not part.last_span.empty else held.summary.last_span,
+        as_rank(both, rank, meta),
+        last_span=part.last_span if part.last_span.num_rows else held.summary.last_span,
         inflight=part.inflight if inflight is not None else held.summary.inflight,
         gpu=held.summary.gpu,
     )
-    pending = sums[sums.index > last].reset_index()
-    samples = pa.concat_tables([held.samples, _nvml(tables)])
+    pending = rows(sums, values(sums, "step") > last)
+    nvml = _nvml(tables)
+    samples = pa.concat_tables([held.samples, nvml]) if nvml.num_rows else held.samples
     return Held(summary, pending, samples, held.version + 1)
 
 
@@ -115,16 +114,16 @@ def as_rank(run: RunSummary, rank: int, meta: dict[str, Any]) -> RankSummary:
 
 
 def rebase(held: dict[int, Held], run: RunSummary) -> dict[int, Held]:
-    """Each rank's growing frames as slices of the combined run's (which is in rank order):
+    """Each rank's growing tables as slices of the combined run's (which is in rank order):
     views, so that a rank's rows are held once, not twice."""
     out = dict(held)
-    starts = {name: 0 for name in ROW_FRAMES}
+    starts = dict.fromkeys(ROW_FRAMES, 0)
     for rank in sorted(held):
         summary = held[rank].summary
         cut = {}
         for name in ROW_FRAMES:
-            n = len(getattr(summary, name))
-            cut[name] = getattr(run, name).iloc[starts[name] : starts[name] + n]
+            n = getattr(summary, name).num_rows
+            cut[name] = getattr(run, name).slice(starts[name], n)
             starts[name] += n
         out[rank] = replace(held[rank], summary=replace(summary, **cut))
     return out
@@ -135,6 +134,10 @@ def moved_clock(old: dict[str, Any], new: dict[str, Any]) -> bool:
     return clock_params(old) != clock_params(new)
 
 
+def _last_step(steps: pa.Table) -> int:
+    return int(values(steps, "step").max()) if steps.num_rows else -1
+
+
 def _nvml(tables: dict[str, pa.Table]) -> pa.Table:
     """The NVML samples among a rank's new samples rows."""
     samples = tables.get("samples")
@@ -143,22 +146,31 @@ def _nvml(tables: dict[str, pa.Table]) -> pa.Table:
     return samples.filter(pc.starts_with(samples.column("metric"), NVML_PREFIX))
 
 
-def _phase_time(rank: int, meta: dict[str, Any], tables: dict[str, pa.Table], after: int) -> Any:
-    """step, compute_ns, data_ns summed over the phases of steps > after (aligned, as the
-    summary counts them)."""
+def _phase_time(
+    rank: int, meta: dict[str, Any], tables: dict[str, pa.Table], after: int
+) -> pa.Table:
+    """step, compute_ns, data_ns of each phase of the steps > after (aligned, as the summary
+    counts them; null in the column of the other kind, and where the phase never ended)."""
     spans = tables.get("spans")
     if spans is None or not spans.num_rows:
-        return pd.DataFrame({"step": [], "compute_ns": [], "data_ns": []})
+        return PHASE_TIME.empty_table()
     keep = pc.and_(pc.greater(spans.column("step"), after), pc.equal(spans.column("kind"), "phase"))
-    frame = table_frame(TABLES["spans"], [(rank, spans.filter(keep))], {rank: clock_params(meta)})
-    ns = (frame["end_ns"] - frame["start_ns"]).to_numpy(np.float64)
-    compute = frame["name"].isin(COMPUTE_PHASES).to_numpy()
-    data = frame["name"].eq("data").to_numpy()
-    out = pd.DataFrame(
-        {
-            "step": frame["step"].to_numpy(np.int64),
-            "compute_ns": np.where(compute, ns, np.nan),
-            "data_ns": np.where(data, ns, np.nan),
-        }
+    phases = rank_table(TABLES["spans"], [(rank, spans.filter(keep))], {rank: clock_params(meta)})
+    length = pc.subtract(phases.column("end_ns"), phases.column("start_ns"))
+    ns = pc.cast(length, pa.float64(), safe=False)
+    compute = pc.is_in(phases.column("name"), pa.array(COMPUTE_PHASES))
+    data = pc.equal(phases.column("name"), "data")
+    none = pa.scalar(None, pa.float64())
+    out = pa.table(
+        [phases.column("step"), pc.if_else(compute, ns, none), pc.if_else(data, ns, none)],
+        schema=PHASE_TIME,
     )
-    return out[compute | data]
+    return out.filter(pc.or_(compute, data))
+
+
+def _per_step(phase_time: pa.Table) -> pa.Table:
+    """step, compute_ns, data_ns summed per step, in step order (null: no phase of that kind,
+    as Arrow's sum skips nulls and gives null for none)."""
+    sums = phase_time.group_by("step").aggregate([("compute_ns", "sum"), ("data_ns", "sum")])
+    sums = sums.select(["step", "compute_ns_sum", "data_ns_sum"]).rename_columns(PHASE_TIME.names)
+    return sums.sort_by("step")

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from dashboard.shape import window
+from dtprof.analysis.columns import codes, is_null, rows, values
 from dtprof.analysis.summarize import RunSummary
 
 if TYPE_CHECKING:
@@ -35,19 +36,21 @@ def precompute(data: RunData) -> None:
 def rank_steps(data: RunData) -> pd.DataFrame:
     """rank, step, step_ns, compute_ns, comm_ns, overlap_ns, wait_ns per rank-step (wait_ns NaN
     where no complete collective ran)."""
-    return data.cached("rank_steps", lambda: _rank_steps(data.run))
+    return data.cached("rank_steps", lambda: _rank_steps(data.run, data.steps))
 
 
-def _rank_steps(run: RunSummary) -> pd.DataFrame:
-    per = run.steps[["rank", "step", "step_ns", "compute_ns"]].reset_index(drop=True)
+def _rank_steps(run: RunSummary, steps: pd.DataFrame) -> pd.DataFrame:
+    per = steps[["rank", "step", "step_ns", "compute_ns"]].reset_index(drop=True)
     members = np.unique(np.concatenate([g.ranks for g in run.matched] or [np.zeros(0, int)]))
-    phase_rank = run.phases["rank"].to_numpy()
+    # a phase that never ended bounds no interval
+    phases = rows(run.phases, ~is_null(run.phases, "end_ns"))
+    phase_rank = values(phases, "rank")
     comm, waits = [], []
     for lo in range(0, len(members), RANK_BLOCK):
         block = members[lo : lo + RANK_BLOCK]
         spans, wait = _transfers(run, int(block[0]), int(block[-1]))
-        phases = run.phases[(phase_rank >= block[0]) & (phase_rank <= block[-1])]
-        comm.append(exposed(spans, phases))
+        mine = rows(phases, (phase_rank >= block[0]) & (phase_rank <= block[-1]))
+        comm.append(exposed(spans, pd.DataFrame({c: values(mine, c) for c in EXPOSED_COLUMNS})))
         waits.append(wait)
     if comm:
         sweep = pd.concat(comm, ignore_index=True)
@@ -59,6 +62,9 @@ def _rank_steps(run: RunSummary) -> pd.DataFrame:
         per = per.assign(comm_ns=np.nan, overlap_ns=np.nan, wait_ns=np.nan)
     per[["comm_ns", "overlap_ns"]] = per[["comm_ns", "overlap_ns"]].fillna(0)
     return per
+
+
+EXPOSED_COLUMNS = ("rank", "step", "start_ns", "end_ns")  # of the phases, for exposed()
 
 
 def _transfers(run: RunSummary, first: int, last: int) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -182,15 +188,14 @@ def op_records(data: RunData) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 def _op_records(run: RunSummary) -> tuple[pd.DataFrame, pd.DataFrame]:
     coll = run.collectives
-    if coll.empty:
+    if not coll.num_rows:
         empty = pd.DataFrame({"op": [], "step": [], "calls": [], "bytes": []})
         return empty, pd.DataFrame({"op": [], "step": [], "transfer_ns": [], "gbps": []})
-    ops = coll["op"].astype("category")
-    codes, names = ops.cat.codes.to_numpy(), np.asarray(ops.cat.categories, dtype=object)
-    step = coll["step"].to_numpy(np.int64)
-    nbytes = coll["bytes"].to_numpy(np.int64)
+    op, names = codes(coll, "op")
+    step = values(coll, "step", np.int64)
+    nbytes = values(coll, "bytes", np.int64)
     # calls and bytes per (op, step), exact, without a frame of every record
-    key = codes.astype(np.int64) * (step.max() + 1) + step
+    key = op.astype(np.int64) * (step.max() + 1) + step
     ukey, inverse = np.unique(key, return_inverse=True)
     per = pd.DataFrame(
         {
@@ -200,20 +205,20 @@ def _op_records(run: RunSummary) -> tuple[pd.DataFrame, pd.DataFrame]:
             "bytes": np.bincount(inverse, weights=nbytes),
         }
     )
-    pick = np.arange(0, len(coll), max(1, -(-len(coll) // MAX_SAMPLE)))
-    begin = coll["start_ns"].to_numpy(np.int64)[pick].copy()
-    group = coll["group"].to_numpy()[pick]
-    seq = coll["seq"].to_numpy(np.int64)[pick]
-    groupwise = coll["peer"].isna().to_numpy()[pick]
+    pick = np.arange(0, coll.num_rows, max(1, -(-coll.num_rows // MAX_SAMPLE)))
+    begin = values(coll, "start_ns", np.int64)[pick].copy()
+    group = values(coll, "group")[pick]
+    seq = values(coll, "seq", np.int64)[pick]
+    groupwise = is_null(coll, "peer")[pick]
     for g in run.matched:  # a collective's transfer starts when its last member entered
         mine = np.flatnonzero(groupwise & (group == g.group))
         row = np.searchsorted(g.seq, seq[mine]).clip(0, len(g.seq) - 1)
         found = g.seq[row] == seq[mine]
         begin[mine[found]] = g.start.max(axis=1)[row[found]]
-    transfer = np.maximum(coll["end_ns"].to_numpy(np.int64)[pick] - begin, 1)
+    transfer = np.maximum(values(coll, "end_ns", np.int64)[pick] - begin, 1)
     sample = pd.DataFrame(
         {
-            "op": names[codes[pick]],
+            "op": names[op[pick]],
             "step": step[pick],
             "transfer_ns": transfer,
             "gbps": nbytes[pick] / transfer,  # bytes per ns = GB/s

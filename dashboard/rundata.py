@@ -2,7 +2,9 @@
 
 The dashboard keeps each rank's summary (``summarize_frames``, the analyzer's reduction of one
 rank's tables; grown poll by poll, dashboard.held) and its samples, not its rows: the spans a
-page shows are read from disk on demand (dashboard.rows).
+page shows are read from disk on demand (dashboard.rows). The summaries are Arrow tables; a
+page that computes with pandas takes a table as a DataFrame through ``RunData.frame``, made
+once per snapshot.
 """
 
 from __future__ import annotations
@@ -15,10 +17,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from dashboard.rows import Rows
-from dtprof.analysis.summarize import RunSummary, combine, summarize_frames
-from dtprof.trace.reader import clock_params, table_frame
+from dtprof.analysis.columns import values
+from dtprof.analysis.summarize import LAST_SPAN_COLUMNS, RunSummary, combine, summarize_frames
+from dtprof.trace.reader import clock_params, rank_table, table_frame
 from dtprof.trace.schema import TABLES
 
 
@@ -30,7 +34,8 @@ class RunData:
     samples: pd.DataFrame  # rank, step, ts_ns, metric, value
     rows: Rows = field(default_factory=Rows)  # spans, read on demand
     memo: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
-    lock: threading.Lock = field(default_factory=threading.Lock, compare=False, repr=False)
+    # reentrant: an aggregate is made under it and may ask for a table's frame
+    lock: threading.RLock = field(default_factory=threading.RLock, compare=False, repr=False)
 
     def cached(self, key: str, make: Callable[[], Any]) -> Any:
         """Per-run memo of the aggregates the pages share (dashboard.measures): made once."""
@@ -39,17 +44,34 @@ class RunData:
                 self.memo[key] = make()
             return self.memo[key]
 
+    def frame(self, name: str) -> pd.DataFrame:
+        """One of the run's tables (steps, actions, collectives, ...) as pandas."""
+        return self.cached(f"frame {name}", lambda: frame(getattr(self.run, name)))
+
     @property
     def ranks(self) -> list[int]:
         return self.run.ranks
 
     @property
     def steps(self) -> pd.DataFrame:
-        return self.run.steps
+        return self.frame("steps")
 
     @property
     def last_step(self) -> int:
-        return int(self.run.steps["step"].max()) if not self.run.steps.empty else -1
+        steps = self.run.steps
+        return int(values(steps, "step").max()) if steps.num_rows else -1
+
+
+def frame(table: pa.Table) -> pd.DataFrame:
+    """An Arrow table as pandas, as the analysis made its frames: dictionaries as categories,
+    integers with nulls as nullable integers (as floats, times near 1.7e18 ns would round)."""
+    df = table.to_pandas()
+    for name, column in zip(table.column_names, table.columns, strict=True):
+        if column.null_count and pa.types.is_integer(column.type):
+            df[name] = pd.arrays.IntegerArray(
+                pc.fill_null(column, 0).to_numpy(), column.is_null().to_numpy()
+            )
+    return df
 
 
 def samples_frame(samples: dict[int, pa.Table], meta: dict[int, dict[str, Any]]) -> pd.DataFrame:
@@ -60,23 +82,30 @@ def samples_frame(samples: dict[int, pa.Table], meta: dict[int, dict[str, Any]])
     return table_frame(TABLES["samples"], sorted(samples.items()), params)
 
 
-def steps_only(steps: pd.DataFrame, meta: dict[int, dict[str, Any]]) -> RunData:
+def steps_only(steps: pa.Table, meta: dict[int, dict[str, Any]]) -> RunData:
     """A first look at a large trace: the step table alone (no phases: compute and data unknown)."""
     base = empty()
-    steps = steps.assign(
-        step_ns=steps["end_ns"] - steps["start_ns"], compute_ns=np.nan, data_ns=np.nan
+    step_ns = pc.subtract(steps.column("end_ns"), steps.column("start_ns"))
+    unknown = pa.array(np.full(steps.num_rows, np.nan))
+    steps = (
+        steps.append_column("step_ns", step_ns)
+        .append_column("compute_ns", unknown)
+        .append_column("data_ns", unknown)
     )
     run = replace(base.run, ranks=sorted(meta), meta=meta, steps=steps)
-    return replace(base, run=run)
+    return RunData(run=run, samples=base.samples)
 
 
 def empty() -> RunData:
-    """No rank read yet: every frame empty, with its columns."""
+    """No rank read yet: every table empty, with its columns."""
     meta = {"rank": 0, "world_size": 0}
     run = combine([summarize_frames(meta, {}, [])])
     run = replace(run, ranks=[], meta={})
     params = {0: clock_params(meta)}
     return RunData(run=run, samples=table_frame(TABLES["samples"], [], params))
+
+
+LAST_SPAN = rank_table(TABLES["spans"], [], {}).select(LAST_SPAN_COLUMNS).schema
 
 
 def prefix(data: RunData, last_step: int) -> RunData:
@@ -89,11 +118,12 @@ def prefix(data: RunData, last_step: int) -> RunData:
     held = data.rows.spans_held
     spans = upto(held if held is not None else data.rows.all_spans())
     last = spans.sort_values("end_ns", kind="stable").groupby("rank").tail(1)
+    last_span = pa.Table.from_pandas(last[LAST_SPAN_COLUMNS], LAST_SPAN, preserve_index=False)
     cut = replace(
         run.steps_between(None, last_step + 1),
         meta={r: {**m, "status": "running"} for r, m in run.meta.items()},
-        inflight=run.inflight.iloc[:0],
-        last_span=last[["rank", "step", "name", "kind", "end_ns"]].reset_index(drop=True),
+        inflight=run.inflight.slice(0, 0),
+        last_span=last_span.replace_schema_metadata(),
     )
     rows = replace(data.rows, last_step=last_step, spans_held=spans)
     return RunData(run=cut, samples=upto(data.samples), rows=rows)

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+
 from dashboard.held import Held, extend, fresh, moved_clock, rebase
 from dashboard.measures import precompute
 from dashboard.rows import RowCache, Rows
@@ -28,6 +30,8 @@ from dtprof.analysis.report import Finding
 from dtprof.analysis.summarize import RunSummary, combine, per_folder, ranks_without_trace
 from dtprof.errors import DtprofError
 from dtprof.trace.follow import Delta, TraceFollower
+from dtprof.trace.reader import clock_params, rank_table
+from dtprof.trace.schema import TABLES
 
 FIRST_TABLES = ("steps",)  # enough for the overview's headline and step-time charts
 
@@ -109,7 +113,7 @@ class LiveSource:
         if not self._snapshot.version:
             delta = self.follower.poll(FIRST_TABLES)
             self._merge_meta(delta)
-            data = steps_only(delta.frame("steps", self.meta), dict(self.meta))
+            data = steps_only(_steps(delta, self.meta), dict(self.meta))
         else:
             if self.loaded:
                 delta = self.follower.poll()
@@ -227,6 +231,13 @@ class LiveSource:
 
     def stop(self) -> None:
         self._stop.set()
+
+
+def _steps(delta: Delta, meta: dict[int, dict[str, Any]]) -> pa.Table:
+    """A poll's new steps rows of every rank, times on rank 0's clock."""
+    params = {rank: clock_params(m) for rank, m in meta.items()}
+    by_rank = [(r, t["steps"]) for r, t in sorted(delta.tables.items()) if "steps" in t]
+    return rank_table(TABLES["steps"], by_rank, params)
 
 
 def _with_status(snap: Snapshot, status: str) -> Snapshot:

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from dtprof.analysis import analyze
@@ -249,16 +250,18 @@ def test_exposure_a_straggler_causes_on_the_others_is_no_poor_overlap(tmp_path: 
         write_rank(tmp_path, rank_meta(rank, 3), rows)
     from dtprof.analysis import _summarize
     from dtprof.analysis.checks import poor_overlap, straggler
+    from dtprof.analysis.columns import values
     from dtprof.analysis.summarize import combine
     from dtprof.trace.reader import find_rank_dirs
 
     run = combine(_summarize([d for _, d in find_rank_dirs(tmp_path)], False))
     skip = 2
-    per = poor_overlap.comm_overlap(run, skip, run.phases[run.phases["step"] >= skip])
+    phases = run.phases.filter(values(run.phases, "step") >= skip)
+    per = poor_overlap.comm_overlap(run, skip, phases)
     step_ns = 10 * 60 * MS
-    exposed = ((per["comm_ns"] - per["overlap_ns"]) / step_ns).round(3).to_dict()
+    exposed = {rank: round((comm - overlap) / step_ns, 3) for rank, (comm, overlap) in per.items()}
     assert exposed == {0: 0.267, 1: 0.267, 2: 0.117}
-    assert straggler.last_arrival_shares(run, skip).to_dict() == {0: 0.0, 1: 0.0, 2: 1.0}
+    assert straggler.last_arrival_shares(run, skip) == {0: 0.0, 1: 0.0, 2: 1.0}
     codes = [f.code for f in analyze(tmp_path).findings]
     assert "poor-overlap" not in codes and "straggler" in codes
 
@@ -466,6 +469,7 @@ def test_a_window_inside_the_warm_up_gives_no_pipeline_finding() -> None:
 def test_vectorized_overlap_equals_the_per_rank_sweep(tmp_path: Path) -> None:
     from dtprof.analysis import _summarize
     from dtprof.analysis.checks import poor_overlap
+    from dtprof.analysis.columns import values
     from dtprof.analysis.summarize import combine
     from dtprof.trace.reader import find_rank_dirs
 
@@ -494,19 +498,19 @@ def test_vectorized_overlap_equals_the_per_rank_sweep(tmp_path: Path) -> None:
                 )  # fmt: skip
         write_rank(tmp_path, rank_meta(rank, 4), rows)
     run = combine(_summarize([d for _, d in find_rank_dirs(tmp_path)], False))
-    compute = run.phases[run.phases["step"] >= 2]
-    fast = poor_overlap.comm_overlap(run, 2, compute).sort_index()
+    compute = run.phases.filter(values(run.phases, "step") >= 2)
+    fast = poor_overlap.comm_overlap(run, 2, compute)
     sweep = poor_overlap.overlap_per_rank(poor_overlap.transfer_intervals(run, 2), compute)
-    assert fast.to_dict() == sweep.sort_index().to_dict()
-    assert (fast["overlap_ns"] > 0).all() and (fast["overlap_ns"] < fast["comm_ns"]).all()
+    assert fast == sweep and sorted(fast) == [0, 1, 2, 3]
+    assert all(0 < overlap < comm for comm, overlap in fast.values())
     # rows in any order: the spans are sorted by rank and start where they are not already
-    shuffled = compute.sample(frac=1.0, random_state=3)
-    assert not shuffled["rank"].is_monotonic_increasing
+    shuffled = compute.take(np.random.default_rng(3).permutation(compute.num_rows))
+    assert (np.diff(values(shuffled, "rank")) < 0).any()
     merged, again = poor_overlap.merged_compute(compute), poor_overlap.merged_compute(shuffled)
     assert merged.keys() == again.keys()
     for rank, arrays in merged.items():
         assert all(np.array_equal(a, b) for a, b in zip(arrays, again[rank], strict=True))
-    assert poor_overlap.comm_overlap(run, 2, shuffled).sort_index().to_dict() == fast.to_dict()
+    assert poor_overlap.comm_overlap(run, 2, shuffled) == fast
 
 
 def test_steps_and_ranks_windows(tmp_path: Path) -> None:
@@ -567,6 +571,29 @@ def test_one_shot_commands_end_without_teardown_but_not_under_coverage(tmp_path:
     assert "ERROR straggler (ranks 1" in outputs["plain"]
     assert "torn down" not in outputs["plain"]
     assert outputs["traced"].rstrip().endswith("torn down")
+
+
+PANDAS_PROBE = """
+import sys
+import pyarrow
+import dtprof.cli as cli
+cli._OWN_PROCESS = True  # as run() sets it
+code = cli.main(["analyze", *sys.argv[1:]])
+print("exit", code, "pandas", "pandas" in sys.modules)
+print(type(pyarrow.table({"a": [1]}).to_pandas()).__name__)  # pandas where it is asked for
+"""
+
+
+def test_analyze_never_imports_pandas_but_arrow_still_reaches_it(tmp_path: Path) -> None:
+    from tests.test_kineto import two_ranks
+
+    _ddp_like(tmp_path / "slow", {0: 20.0, 1: 26.0, 2: 20.0})
+    env = dict(os.environ, DTPROF_CACHE_DIR=str(tmp_path / "cache"))
+    for trace, code in ((tmp_path / "slow", 1), (two_ranks(tmp_path / "k"), 0)):
+        cmd = [sys.executable, "-c", PANDAS_PROBE, str(trace), "--format", "json"]
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.splitlines()[-2:] == [f"exit {code} pandas False", "DataFrame"]
 
 
 def test_cli_formats_and_exit_codes(tmp_path: Path) -> None:
@@ -634,7 +661,7 @@ def test_the_straggler_compute_matrix_is_the_pivot_table_of_the_steps() -> None:
     steps.loc[steps["step"] == 7, "compute_ns"] = np.nan  # a step without any: left out
     steps.loc[steps["rank"] == 2, "compute_ns"] = np.nan  # a rank without any: left out
     pivot = steps.pivot_table(index="step", columns="rank", values="compute_ns")
-    step_no, rank_no, compute = _compute_matrix(steps)
+    step_no, rank_no, compute = _compute_matrix(pa.Table.from_pandas(steps, preserve_index=False))
     assert step_no.tolist() == pivot.index.tolist() and 7 not in step_no
     assert rank_no.tolist() == pivot.columns.tolist() == [0, 1, 3]
     assert np.array_equal(compute, pivot.to_numpy(), equal_nan=True)
@@ -654,7 +681,12 @@ def test_the_per_rank_summary_is_the_groupby_median_of_the_steps() -> None:
         steps[name] = rng.random(n) * 1e8
         steps.loc[rng.random(n) < 0.3, name] = np.nan
     steps.loc[steps["rank"] == 3, "data_ns"] = np.nan  # a rank without any: no median
-    run = RunSummary(**{f: pd.DataFrame() for f in _RUN_FRAMES}, ranks=[], meta={}, steps=steps)
+    run = RunSummary(
+        **{f: pa.table({}) for f in _RUN_FRAMES},
+        ranks=[],
+        meta={},
+        steps=pa.Table.from_pandas(steps, preserve_index=False),
+    )
     per = steps.groupby("rank").agg(
         n=("step", "size"), step=("step_ns", "median"), compute=("compute_ns", "median"),
         data=("data_ns", "median"),
@@ -689,12 +721,12 @@ def test_memory_growth_takes_first_middle_and_last_as_pandas_does() -> None:
     rows.loc[rows["rank"] == 4, "value"] = np.nan  # none known: NaN first and last
     rows.loc[rows.index[rows["rank"] == 0][:2], "value"] = np.nan  # first known: the third
     rows.loc[rows.index[rows["rank"] == 1][-1:], "value"] = np.nan  # last known: the one before
-    first, mid, last = _first_mid_last(rows)
+    ranks, first, mid, last = _first_mid_last(rows["rank"].to_numpy(), rows["value"].to_numpy())
     g = rows.groupby("rank")["value"]
     middle = g.apply(lambda v: v.iloc[len(v) // 2])
+    assert ranks.tolist() == g.first().index.tolist() == [0, 1, 2, 3, 4, 5]
     for got, want in ((first, g.first()), (mid, middle), (last, g.last())):
-        assert got.index.tolist() == want.index.tolist() == [0, 1, 2, 3, 4, 5]
-        assert np.array_equal(got.to_numpy(), want.to_numpy(), equal_nan=True)
+        assert np.array_equal(got, want.to_numpy(), equal_nan=True)
     assert np.isnan(first[4]) and np.isnan(last[4])
 
 
@@ -717,12 +749,12 @@ def test_gpu_figures_read_kernels_on_rank_zero_clock(
         tmp_path, meta, {"steps": [(0, 100, 600), (1, 1_000, 1_200)], "kernels": kernels}
     )
     summary = summarize_rank(folder)
-    steps = summary.steps.set_index("step")
-    phases = summary.phases.set_index("start_ns")
+    steps = summary.steps.to_pandas().set_index("step")
+    phases = summary.phases.to_pandas().set_index("start_ns")
     assert list(phases["step"]) == [0, 0, 1]
     assert phases.index[0] == steps.loc[0, "start_ns"]  # both local 100
     assert phases.index[2] == steps.loc[1, "start_ns"]  # both local 1,000
-    gpu = summary.gpu.iloc[0]
+    gpu = summary.gpu.to_pandas().iloc[0]
     # counted: launched before the last step, so the first two (the third's step is unknown);
     # a drifting clock moves each time by its own offset, rounded: within a nanosecond
     assert gpu["kernels"] == 2
@@ -756,15 +788,23 @@ def test_the_last_span_is_the_one_that_never_ended_else_the_latest_end_else_the_
             "end_ns": [base + 2, base + 42],
         }
     )
-    assert _last_span(spans, None)["name"].tolist() == ["c"]  # of equal ends, the later
-    assert _last_span(spans, phases)["name"].tolist() == ["gpu-compute"]  # ends 1 ns later
+
+    def last(spans: pd.DataFrame, phases: pd.DataFrame | None, column: str = "name") -> list:
+        as_arrow = (pa.Table.from_pandas(f, preserve_index=False) for f in (spans, phases))
+        got = _last_span(next(as_arrow), next(as_arrow) if phases is not None else None)
+        return got.column(column).to_pylist()
+
+    assert last(spans, None) == ["c"]  # of equal ends, the later
+    assert last(spans, phases) == ["gpu-compute"]  # ends 1 ns later
     phases.loc[1, "end_ns"] = base + 41
-    assert _last_span(spans, phases)["step"].tolist() == [4]  # equal: the phases come after
+    assert last(spans, phases, "step") == [4]  # equal: the phases come after
     phases.loc[1, "end_ns"] = base + 40
-    assert _last_span(spans, phases)["name"].tolist() == ["c"]
+    assert last(spans, phases) == ["c"]
     spans.loc[[0, 1], "end_ns"] = pd.NA  # never ended: the last of those, whatever else
-    assert _last_span(spans, phases)["name"].tolist() == ["b"]
-    assert list(_last_span(spans.iloc[:0], phases).columns) == [
+    assert last(spans, phases) == ["b"]
+    empty = pa.Table.from_pandas(spans.iloc[:0], preserve_index=False)
+    assert _last_span(empty, None).num_rows == 0
+    arrow_phases = pa.Table.from_pandas(phases, preserve_index=False)
+    assert _last_span(empty, arrow_phases).column_names == [
         "rank", "step", "name", "kind", "end_ns"
     ]  # fmt: skip
-    assert _last_span(spans.iloc[:0], None).empty

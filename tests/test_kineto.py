@@ -219,7 +219,7 @@ def test_memory_samples_are_each_steps_last_reading_as_pandas_groups_them() -> N
     import numpy as np
     import pandas as pd
 
-    from dtprof.trace.kineto_map import samples_table, step_at
+    from dtprof.trace.kineto_map import Steps, samples_table, step_at
 
     rng = np.random.default_rng(7)
     for _ in range(200):
@@ -233,7 +233,7 @@ def test_memory_samples_are_each_steps_last_reading_as_pandas_groups_them() -> N
         kf.memory_allocated, kf.memory_reserved = values
         start = np.sort(rng.integers(0, 40_000, int(rng.integers(0, 5))))
         numbers = rng.permutation(len(start))  # numbered against their order too
-        steps = pd.DataFrame({"step": numbers, "start_ns": start})
+        steps = Steps(numbers, start, start)  # the rule reads numbers and starts
         got = samples_table(kf, steps).to_pandas()
         df = pd.DataFrame(
             {

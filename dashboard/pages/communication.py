@@ -66,7 +66,7 @@ def skew(data: RunData, steps: Window = (None, None), max_points: int = MAX_POIN
 def ops(data: RunData, steps: Window = (None, None)) -> pd.DataFrame:
     """op, mib_per_step (per rank), gbps, hover."""
     o = measures.per_op(data, steps)
-    rank_steps = max(len(window(data.run.steps, steps)), 1)
+    rank_steps = max(len(window(data.steps, steps)), 1)
     o["mib_per_step"] = o["bytes"] / rank_steps / 2**20
     o["hover"] = (
         o["op"].astype(str)
@@ -83,7 +83,7 @@ def ops(data: RunData, steps: Window = (None, None)) -> pd.DataFrame:
 
 def update(snap: Snapshot, ranks_text: str | None, steps_text: str | None) -> list[go.Figure]:
     data = snap.data
-    if data.run.collectives.empty:
+    if not data.run.collectives.num_rows:
         msg = figures.empty("No collective recorded in this window.")
         return [msg, msg, msg]
     steps = parse_steps(steps_text)

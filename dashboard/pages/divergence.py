@@ -7,6 +7,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
+import pyarrow as pa
+import pyarrow.compute as pc
 from dash import Dash, Input, Output, dcc, html
 
 from dashboard import figures, heatmaps
@@ -16,13 +18,14 @@ from dashboard.rundata import RunData
 from dashboard.shape import band, grid, only_ranks, window
 from dashboard.source import Snapshot
 from dtprof.analysis.checks.replica_divergence import odd_ranks
+from dtprof.analysis.columns import values
 
 PATH = "/divergence"
 TITLE = "Divergence"
 
 
 def scalar_names(data: RunData) -> list[str]:
-    names = sorted(data.run.scalars["name"].unique()) if not data.run.scalars.empty else []
+    names = sorted(set(values(data.run.scalars, "name")))
     return sorted(names, key=lambda n: "loss" not in n)  # the loss first
 
 
@@ -30,7 +33,7 @@ def scalar_lines(
     data: RunData, name: str, ranks: list[int] | None, steps: tuple[int | None, int | None]
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The finite values as lines, and the non-finite ones as markers (y: that step's median)."""
-    s = data.run.scalars
+    s = data.frame("scalars")
     rows = only_ranks(window(s[s["name"] == name], steps), ranks)
     finite = np.isfinite(rows["value"].to_numpy(dtype=float))
     lines = band(rows[finite][["rank", "step", "value"]])
@@ -54,12 +57,14 @@ def scalar_lines(
 
 def fingerprint_grid(data: RunData, ranks: list[int] | None) -> pd.DataFrame:
     """rank, step, value: tensors whose fingerprint differs from the majority's (0 when none)."""
-    fp = only_ranks(data.run.fingerprints, ranks)
-    if fp.empty:
+    fp = data.run.fingerprints
+    if ranks is not None and fp.num_rows:
+        fp = fp.filter(pc.is_in(fp.column("rank"), pa.array(ranks, fp.schema.field("rank").type)))
+    if not fp.num_rows:
         return pd.DataFrame(columns=["rank", "step", "value"])
-    odd = odd_ranks(fp)
+    odd = odd_ranks(fp).select(["rank", "step"]).to_pandas()
     counts = odd.groupby(["rank", "step"]).size()
-    every = pd.MultiIndex.from_frame(fp[["rank", "step"]].drop_duplicates())
+    every = pd.MultiIndex.from_frame(fp.select(["rank", "step"]).to_pandas().drop_duplicates())
     return counts.reindex(every, fill_value=0).rename("value").reset_index()
 
 

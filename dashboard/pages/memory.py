@@ -15,19 +15,20 @@ from dashboard.links import parse_ranks, parse_steps
 from dashboard.rundata import RunData
 from dashboard.shape import band, only_ranks, window
 from dashboard.source import Snapshot
+from dtprof.analysis.columns import values
 
 PATH = "/memory"
 TITLE = "Memory & GPU"
 
 
 def memory_metrics(data: RunData) -> list[str]:
-    return sorted(data.run.memory["metric"].unique()) if not data.run.memory.empty else []
+    return sorted(set(values(data.run.memory, "metric")))
 
 
 def memory_lines(
     data: RunData, metric: str, ranks: list[int] | None, steps: tuple[int | None, int | None]
 ) -> pd.DataFrame:
-    mem = data.run.memory
+    mem = data.frame("memory")
     rows = only_ranks(window(mem[mem["metric"] == metric], steps), ranks)
     return band(rows.assign(value=rows["value"] / 2**30))
 

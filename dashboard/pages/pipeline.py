@@ -16,6 +16,7 @@ from dashboard.shape import MAX_RANK_BINS, rank_bins
 from dashboard.source import Snapshot
 from dtprof.analysis.checks.pipeline_bubble import theory
 from dtprof.analysis.checks.straggler import warmup_steps
+from dtprof.analysis.columns import values
 
 PATH = "/pipeline"
 TITLE = "Pipeline"
@@ -46,9 +47,9 @@ def busy_idle(actions: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
 
 def step_chart(data: RunData, step: int) -> tuple[pd.DataFrame, pd.DataFrame, list[int]]:
     """The actions and idle gaps of one step, ms from its start, y = the rank's row."""
-    run = data.run
-    acts = run.actions[run.actions["step"] == step]
-    steps = run.steps[run.steps["step"] == step]
+    actions, all_steps = data.frame("actions"), data.steps
+    acts = actions[actions["step"] == step]
+    steps = all_steps[all_steps["step"] == step]
     ranks = sorted(int(r) for r in acts["rank"].unique())
     row = {r: i for i, r in enumerate(ranks)}
     t0 = float(steps["start_ns"].min()) if not steps.empty else float(acts["start_ns"].min())
@@ -81,10 +82,10 @@ def step_chart(data: RunData, step: int) -> tuple[pd.DataFrame, pd.DataFrame, li
 
 def idle_share(data: RunData) -> pd.DataFrame:
     """label, idle_fraction per rank over the steps after warm-up."""
-    run = data.run
-    skip = warmup_steps(run.steps["step"])
-    steps = run.steps[run.steps["step"] >= skip]
-    acts = run.actions[run.actions["step"] >= skip]
+    actions, all_steps = data.frame("actions"), data.steps
+    skip = warmup_steps(values(data.run.steps, "step"))
+    steps = all_steps[all_steps["step"] >= skip]
+    acts = actions[actions["step"] >= skip]
     idle = busy_idle(acts, steps)
     per = pd.DataFrame(
         {
@@ -103,12 +104,12 @@ def idle_share(data: RunData) -> pd.DataFrame:
 def update(snap: Snapshot, step_text: str | None) -> list[go.Figure]:
     data = snap.data
     info = schedule_info(data)
-    if info is None or data.run.actions.empty:
+    if info is None or not data.run.actions.num_rows:
         msg = figures.empty(
             "No pipeline schedule in this trace (profile(pipeline=schedule) records one)."
         )
         return [msg, msg]
-    steps = np.sort(data.run.actions["step"].unique())
+    steps = np.unique(values(data.run.actions, "step"))
     try:
         step = int(step_text) if step_text else int(steps[len(steps) // 2])
     except ValueError:

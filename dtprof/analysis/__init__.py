@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
-import pandas as pd
 
 from dtprof.analysis.checks import CHECKS
+from dtprof.analysis.columns import values
 from dtprof.analysis.gpu import gpu_summary
 from dtprof.analysis.imported import summarize_imported
 from dtprof.analysis.report import Finding, Report
@@ -196,7 +196,7 @@ def _trace_info(root: Path, run: RunSummary) -> dict[str, Any]:
         "world_size": run.world_size,
         "ranks_analysed": run.ranks,
         "ranks_without_trace": run.without_trace,
-        "steps": int(run.steps["step"].nunique()) if not run.steps.empty else 0,
+        "steps": len(np.unique(values(run.steps, "step"))),
         "backend": any_meta.get("backend"),
         "model_kind": any_meta.get("model_kind"),
     }
@@ -204,22 +204,20 @@ def _trace_info(root: Path, run: RunSummary) -> dict[str, Any]:
 
 def _summary(run: RunSummary) -> dict[str, Any]:
     """Per rank: steps, median step, compute and data time, and the rest of the step (each a
-    median over the rank's steps that have it). In numpy: a pandas groupby took 10 ms of the
-    command's serial end for 8 ranks."""
+    median over the rank's steps that have it)."""
     steps = run.steps
-    if steps.empty:
+    if not steps.num_rows:
         return {"ranks": []}
-    rank = steps["rank"].to_numpy()
+    rank = values(steps, "rank")
     order = np.argsort(rank, kind="stable")
     ranks, starts = np.unique(rank[order], return_index=True)
     ends = [*starts[1:], len(order)]
-    values = {
-        name: steps[f"{name}_ns"].to_numpy(np.float64, na_value=np.nan)[order]
-        for name in ("step", "compute", "data")
+    times = {
+        name: values(steps, f"{name}_ns", np.float64)[order] for name in ("step", "compute", "data")
     }
     rows, step_ms = [], []
     for r, lo, hi in zip(ranks.tolist(), starts.tolist(), ends, strict=True):
-        ms = {f"{name}_ms": _median(v[lo:hi]) / 1e6 for name, v in values.items()}
+        ms = {f"{name}_ms": _median(v[lo:hi]) / 1e6 for name, v in times.items()}
         other = ms["step_ms"] - np.nan_to_num(ms["compute_ms"]) - np.nan_to_num(ms["data_ms"])
         rows.append(
             {
@@ -231,7 +229,7 @@ def _summary(run: RunSummary) -> dict[str, Any]:
         )
         step_ms.append(ms["step_ms"])
     out = {"ranks": rows, "median_step_ms": _round(_median(np.array(step_ms)))}
-    if not run.gpu.empty:
+    if run.gpu.num_rows:
         out.update(gpu_summary(run.gpu))
     return out
 
@@ -243,4 +241,4 @@ def _median(values: np.ndarray) -> float:
 
 
 def _round(value: float) -> float | None:
-    return None if pd.isna(value) else round(float(value), 3)
+    return None if np.isnan(value) else round(float(value), 3)

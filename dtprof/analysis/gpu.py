@@ -20,9 +20,10 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import numpy as np
-import pandas as pd
+import pyarrow as pa
 
-from dtprof.trace.kineto_map import step_at
+from dtprof.analysis.columns import values
+from dtprof.trace.kineto_map import Steps, step_at
 
 GPU_PHASE = "gpu-compute"
 NOTE = (
@@ -79,18 +80,16 @@ class Kernels(NamedTuple):
     communication: np.ndarray  # bool: a communication kernel
 
 
-def counted(kernels: Kernels, steps: pd.DataFrame) -> np.ndarray:
+def counted(kernels: Kernels, steps: pa.Table) -> np.ndarray:
     """Mask of the kernels the figures count: launched before the last step, with >= 2 steps."""
-    step_numbers = steps["step"].to_numpy()
+    step_numbers = values(steps, "step")
     if len(np.unique(step_numbers)) < 2:
         return np.ones(len(kernels.start_ns), bool)
-    last = step_numbers[np.argsort(steps["start_ns"].to_numpy(), kind="quicksort")[-1]]
+    last = step_numbers[np.argsort(values(steps, "start_ns"), kind="quicksort")[-1]]
     return kernels.step_known & (kernels.step != last)
 
 
-def kernel_figures(
-    rank: int, kernels: Kernels, steps: pd.DataFrame
-) -> tuple[pd.DataFrame, pd.DataFrame]:
+def kernel_figures(rank: int, kernels: Kernels, steps: pa.Table) -> tuple[pa.Table, pa.Table]:
     """One rank's compute phases (the union of its compute kernels as spans named gpu-compute,
     in the step they begin) and its GPU figures (one row: span, idle, compute, non-compute,
     communication and overlap ns, and shares), from its kernels sorted by start once."""
@@ -98,14 +97,16 @@ def kernel_figures(
     start, end = kernels.start_ns[order], kernels.end_ns[order]
     comp, comm = kernels.compute[order], kernels.communication[order]
     s, e = union(start[comp], end[comp], by_start=True)
-    phases = pd.DataFrame(
+    by_start = np.argsort(values(steps, "start_ns"), kind="stable")
+    in_order = Steps(*(values(steps, c)[by_start] for c in ("step", "start_ns", "end_ns")))
+    phases = pa.table(
         {
-            "rank": np.full(len(s), rank, np.int32),
-            "step": step_at(steps.sort_values("start_ns"), s),
-            "name": GPU_PHASE,
-            "kind": "phase",
-            "start_ns": s,
-            "end_ns": e,
+            "rank": pa.array(np.full(len(s), rank, np.int32)),
+            "step": pa.array(step_at(in_order, s), pa.int64()),
+            "name": pa.array(np.full(len(s), GPU_PHASE, object), pa.string()),
+            "kind": pa.array(np.full(len(s), "phase", object), pa.string()),
+            "start_ns": pa.array(s, pa.int64()),
+            "end_ns": pa.array(e, pa.int64()),
         }
     )
     keep = counted(kernels, steps)[order]
@@ -114,10 +115,10 @@ def kernel_figures(
 
 def _figures(
     rank: int, start: np.ndarray, end: np.ndarray, comp: np.ndarray, comm: np.ndarray
-) -> pd.DataFrame:
-    """The GPU figures of the counted kernels, given in order of start."""
+) -> pa.Table:
+    """The GPU figures of the counted kernels, given in order of start (no columns: none)."""
     if len(start) == 0:
-        return pd.DataFrame()
+        return pa.table({})
     span = int(end.max() - start.min())
     busy_u = union(start, end, by_start=True)
     busy = int((busy_u[1] - busy_u[0]).sum())
@@ -140,7 +141,7 @@ def _figures(
     for name in ("idle", "compute", "non_compute"):
         row[f"{name}_pct"] = 100.0 * row[f"{name}_ns"] / span if span else np.nan
     row["comm_overlap_pct"] = 100.0 * overlap / communication if communication else np.nan
-    return pd.DataFrame([row])
+    return pa.table({name: [value] for name, value in row.items()})
 
 
 GPU_FIELDS = (
@@ -153,14 +154,15 @@ GPU_FIELDS = (
 )
 
 
-def gpu_summary(gpu: pd.DataFrame) -> dict[str, Any]:
+def gpu_summary(gpu: pa.Table) -> dict[str, Any]:
     """The report's ``gpu`` block: per-rank figures (ms and percent) and the definitions note."""
     rows = []
-    for r in gpu.sort_values("rank").to_dict("records"):
+    for r in sorted(gpu.to_pylist(), key=lambda r: r["rank"]):
         row: dict[str, Any] = {"rank": int(r["rank"]), "kernels": int(r["kernels"])}
         row["span_ms"] = round(r["span_ns"] / 1e6, 3)
         row["comm_ms"] = round(r["comm_ns"] / 1e6, 3)
         for name in ("idle_pct", "compute_pct", "non_compute_pct", "comm_overlap_pct"):
-            row[name] = None if pd.isna(r[name]) else round(float(r[name]), 2)
+            value = r[name]
+            row[name] = None if value is None or np.isnan(value) else round(float(value), 2)
         rows.append(row)
     return {"gpu": {"ranks": rows, "definitions": NOTE}}

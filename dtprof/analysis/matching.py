@@ -12,7 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
+import pyarrow as pa
+
+from dtprof.analysis.columns import codes, is_null, values
 
 ABSENT = np.iinfo(np.int64).min
 SPARSE_FROM = 4  # seq numbers spanning more than this many rows per record are not dense
@@ -40,36 +42,28 @@ class GroupMatrix:
         return (self.start != ABSENT).all(axis=1)
 
 
-def _codes(values: pd.Series) -> tuple[np.ndarray, np.ndarray]:
-    """Integer codes and the names they stand for, from a categorical or plain column."""
-    if isinstance(values.dtype, pd.CategoricalDtype):
-        return values.cat.codes.to_numpy(), np.asarray(values.cat.categories, dtype=object)
-    codes, names = pd.factorize(values)
-    return codes, np.asarray(names, dtype=object)
-
-
-def match(collectives: pd.DataFrame, sizes: pd.DataFrame, world_size: int) -> list[GroupMatrix]:
+def match(collectives: pa.Table, sizes: pa.Table, world_size: int) -> list[GroupMatrix]:
     """Scatter every group's collectives (not p2p) into its matrix.
 
     sizes (group, size) come from the groups table; a group missing there is taken to span the
     world, so that a subset of ranks never passes for a whole group.
     """
     size_of = {}
-    if not sizes.empty:
-        size_of = dict(zip(sizes["group"], sizes["size"], strict=True))
+    if sizes.num_rows:
+        size_of = dict(zip(values(sizes, "group"), values(sizes, "size"), strict=True))
     coll = collectives
-    keep = coll["peer"].isna().to_numpy()
-    group_codes, group_names = _codes(coll["group"])
-    op_codes, op_names = _codes(coll["op"])
+    keep = is_null(coll, "peer")
+    group_codes, group_names = codes(coll, "group")
+    op_codes, op_names = codes(coll, "op")
     # all-to-all with uneven splits sends different sizes from each member by design
     uneven = np.array(["all_to_all" in str(n) or "alltoall" in str(n) for n in op_names], bool)
-    size = np.where(uneven[op_codes], 0, coll["bytes"].to_numpy(np.int64))
+    size = np.where(uneven[op_codes], 0, values(coll, "bytes", np.int64))
     columns = {
-        "rank": coll["rank"].to_numpy(),
-        "seq": coll["seq"].to_numpy(np.int64),
-        "step": coll["step"].to_numpy(np.int64),
-        "start": coll["start_ns"].to_numpy(np.int64),
-        "end": coll["end_ns"].to_numpy(np.int64),
+        "rank": values(coll, "rank"),
+        "seq": values(coll, "seq", np.int64),
+        "step": values(coll, "step", np.int64),
+        "start": values(coll, "start_ns", np.int64),
+        "end": values(coll, "end_ns", np.int64),
         # op and bytes in one number, to tell members that disagree
         "kind": op_codes.astype(np.int64) * (1 << 48) + size,
         "op": op_codes,

@@ -1,7 +1,9 @@
 """Per-rank summarization: one rank's folder to small per-step tables, on rank 0's clock.
 
 A pure function of a path, so it can run in a thread, a process pool or on a cluster worker;
-everything after it works on these small tables only.
+everything after it works on these small tables only. They are Arrow tables: the trace's
+format, sliced and concatenated without copies, and read by the checks through numpy
+(dtprof.analysis.columns).
 """
 
 from __future__ import annotations
@@ -14,49 +16,54 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from dtprof.analysis.columns import concat, is_null, rows, values
 from dtprof.analysis.gpu import GPU_PHASE, Kernels, kernel_figures
 from dtprof.analysis.matching import GroupMatrix, match
 from dtprof.beside import run_beside
 from dtprof.errors import DtprofError
 from dtprof.trace.reader import (
     ClockParams,
+    aligned,
     clock_params,
-    inflight_frame,
+    inflight_table,
+    rank_table,
     read_inflight,
     read_rank_meta,
     read_table,
-    shifted,
-    table_frame,
 )
 from dtprof.trace.schema import TABLES
 
 COMPUTE_PHASES = ("forward", "backward", "optimizer", GPU_PHASE)
 T = TypeVar("T")
 R = TypeVar("R")
+NO_TABLE = pa.table({})  # a rank without GPU figures
+
+
+def _no_table() -> pa.Table:
+    return NO_TABLE
 
 
 @dataclass(frozen=True)
 class RankSummary:
-    """What the checks need of one rank."""
+    """What the checks need of one rank: Arrow tables, a rank column first."""
 
     rank: int
     meta: dict[str, Any]
-    steps: pd.DataFrame  # step, start_ns, end_ns, step_ns, compute_ns, data_ns
-    phases: pd.DataFrame  # rank, step, name, start_ns, end_ns: the compute phases only
-    actions: pd.DataFrame  # rank, step, stage, microbatch, name, start_ns, end_ns (pipelining)
-    collectives: pd.DataFrame  # rank, step, group, seq, op, bytes, peer, start_ns, end_ns, label
-    scalars: pd.DataFrame  # rank, step, name, value
-    fingerprints: pd.DataFrame  # rank, step, tensor, sum, sumsq
-    memory: pd.DataFrame  # rank, step, metric, value: the per-step memory readings
-    events: pd.DataFrame  # rank, step, ts_ns, kind, message, detail
-    inflight: pd.DataFrame  # rank, step, group, seq, op, bytes, ..., start_ns (aligned)
-    last_span: pd.DataFrame  # rank, step, name, kind, end_ns: what the rank did last
-    groups: pd.DataFrame  # group, size: the process groups this rank used, with their sizes
-    gpu: pd.DataFrame = field(default_factory=pd.DataFrame)  # gpu.kernel_figures(): one row or none
+    steps: pa.Table  # step, start_ns, end_ns, step_ns, compute_ns, data_ns
+    phases: pa.Table  # rank, step, name, start_ns, end_ns: the compute phases only
+    actions: pa.Table  # rank, step, stage, microbatch, name, start_ns, end_ns (pipelining)
+    collectives: pa.Table  # rank, step, group, seq, op, bytes, peer, start_ns, end_ns, label
+    scalars: pa.Table  # rank, step, name, value
+    fingerprints: pa.Table  # rank, step, tensor, sum, sumsq
+    memory: pa.Table  # rank, step, metric, value: the per-step memory readings
+    events: pa.Table  # rank, step, ts_ns, kind, message, detail
+    inflight: pa.Table  # rank, step, group, seq, op, bytes, ..., start_ns (aligned)
+    last_span: pa.Table  # rank, step, name, kind, end_ns: what the rank did last
+    groups: pa.Table  # group, size: the process groups this rank used, with their sizes
+    gpu: pa.Table = field(default_factory=_no_table)  # kernel_figures(): a row, or no columns
 
 
 Tables = Path | dict[str, pa.Table]  # a rank folder, or an importer's tables in memory
@@ -68,29 +75,26 @@ def _table(source: Tables, name: str) -> pa.Table:
     return read_table(source, TABLES[name])
 
 
-def _frame(
+TEXT_CODED = ("group", "op", "label")  # the collectives' repeated text: dictionary-encoded
+
+
+def _rank_rows(
     folder: Tables,
     name: str,
     rank: int,
     params: dict[int, ClockParams],
-    categories: tuple[str, ...] = (),
-    columns: tuple[str, ...] | None = None,
+    columns: Sequence[str] | None = None,
     where: tuple[str, list[str]] | None = None,
-) -> pd.DataFrame:
-    """One table of this rank (only `columns`, if given, and only the rows whose column
-    ``where[0]`` is one of ``where[1]``); repeated strings in `categories` become pandas
-    categories."""
+) -> pa.Table:
+    """One table of this rank with its rank column, times aligned (only `columns`, if given,
+    and only the rows whose column ``where[0]`` is one of ``where[1]``)."""
     table = _table(folder, name)
     if where is not None:
         table = table.filter(pc.is_in(table.column(where[0]), pa.array(where[1])))
     if columns is not None:
         table = table.select(list(columns))
-    for col in categories:
-        i = table.schema.get_field_index(col)
-        table = table.set_column(i, col, pc.dictionary_encode(table.column(i)))
-    frame = table_frame(TABLES[name], [(rank, table)], params)
-    wanted = ["rank", *columns] if columns is not None else None
-    return frame if wanted is None or list(frame.columns) == wanted else frame[wanted]
+    out = rank_table(TABLES[name], [(rank, table)], params)
+    return out if columns is None else out.select(["rank", *columns])
 
 
 def summarize_rank(folder: str | Path) -> RankSummary:
@@ -164,63 +168,61 @@ def summarize_frames(
     """
     rank = int(meta["rank"])
     params = {rank: clock_params(meta)}
-    steps = _frame(folder, "steps", rank, params)
-    spans = _frame(folder, "spans", rank, params)
-    steps["step_ns"] = steps["end_ns"] - steps["start_ns"]
+    steps = _rank_rows(folder, "steps", rank, params)
+    spans = _rank_rows(folder, "spans", rank, params)
+    steps = steps.append_column(
+        "step_ns", pc.subtract(steps.column("end_ns"), steps.column("start_ns"))
+    )
     kernels = _kernels(folder, rank, params)
-    gpu_phases, gpu = kernel_figures(rank, kernels, steps) if kernels else (None, None)
-    kind = spans["kind"].to_numpy()
+    gpu_phases, gpu = kernel_figures(rank, kernels, steps) if kernels else (None, NO_TABLE)
+    kind = values(spans, "kind")
     # the compute phases of the kernels come after the spans' own phases (the spans' order):
     # thousands of rows (imported traces), joined to those only where there are any
-    phases = spans[kind == "phase"]
-    if gpu_phases is not None and phases.empty:  # the kernels' alone: every one a compute phase
-        phases = gpu_phases
-        computing, loading = np.ones(len(phases), np.bool_), np.zeros(len(phases), np.bool_)
+    phases = spans.filter(kind == "phase").select(PHASE_COLUMNS)
+    if gpu_phases is not None and not phases.num_rows:  # the kernels' alone: all compute
+        phases = gpu_phases.select(PHASE_COLUMNS)
+        computing, loading = np.ones(phases.num_rows, np.bool_), np.zeros(phases.num_rows, np.bool_)
     else:
         if gpu_phases is not None:
-            phases = pd.concat([phases, gpu_phases], ignore_index=True)
-        computing = phases["name"].isin(COMPUTE_PHASES).to_numpy(bool)
-        loading = phases["name"].isin(("data",)).to_numpy(bool)
-    steps["compute_ns"] = _per_step(phases, steps, computing)
-    steps["data_ns"] = _per_step(phases, steps, loading)
+            phases = pa.concat_tables([phases, gpu_phases.select(PHASE_COLUMNS)])
+        name = phases.column("name")
+        computing = pc.is_in(name, pa.array(COMPUTE_PHASES)).to_numpy(zero_copy_only=False)
+        loading = pc.equal(name, "data").to_numpy(zero_copy_only=False)
+        computing, loading = np.asarray(computing, bool), np.asarray(loading, bool)
+    steps = steps.append_column("compute_ns", pa.array(_per_step(phases, steps, computing)))
+    steps = steps.append_column("data_ns", pa.array(_per_step(phases, steps, loading)))
+    collectives = _rank_rows(folder, "collectives", rank, params, COLLECTIVE_COLUMNS)
+    for col in TEXT_CODED:
+        i = collectives.schema.get_field_index(col)
+        collectives = collectives.set_column(i, col, pc.dictionary_encode(collectives.column(i)))
     return RankSummary(
         rank=rank,
         meta=meta,
         steps=steps,
-        actions=spans.loc[kind == "pipeline", ACTION_COLUMNS].reset_index(drop=True),
-        phases=phases.loc[computing, PHASE_COLUMNS].reset_index(drop=True),
-        collectives=_frame(
-            folder, "collectives", rank, params, ("group", "op", "label"), COLLECTIVE_COLUMNS
-        ),
-        scalars=_frame(folder, "scalars", rank, params),
-        fingerprints=_frame(folder, "fingerprints", rank, params),
-        memory=_frame(folder, "samples", rank, params, (), MEMORY_COLUMNS, MEMORY_METRICS),
-        events=_frame(folder, "events", rank, params),
-        inflight=inflight_frame([(rank, inflight_rows)], params),
+        actions=spans.filter(kind == "pipeline").select(ACTION_COLUMNS),
+        phases=rows(phases, computing),
+        collectives=collectives,
+        scalars=_rank_rows(folder, "scalars", rank, params),
+        fingerprints=_rank_rows(folder, "fingerprints", rank, params),
+        memory=_rank_rows(folder, "samples", rank, params, MEMORY_COLUMNS, MEMORY_METRICS),
+        events=_rank_rows(folder, "events", rank, params),
+        inflight=inflight_table([(rank, inflight_rows)], params),
         last_span=_last_span(spans, gpu_phases),
         groups=_groups(_table(folder, "groups")),
-        gpu=gpu if gpu is not None else pd.DataFrame(),
+        gpu=gpu,
     )
 
 
 def _kernels(folder: Tables, rank: int, params: dict[int, ClockParams]) -> Kernels | None:
-    """The rank's kernels as arrays for dtprof.analysis.gpu, or None without any. Read from
-    Arrow: a trace's thousands of kernels made a pandas frame for nothing but its arrays (a
-    quarter of summarizing an imported rank)."""
+    """The rank's kernels as arrays for dtprof.analysis.gpu, or None without any."""
     table = _table(folder, "kernels").select(list(KERNEL_COLUMNS))
     if not table.num_rows:
         return None
-    times = ["start_ns", "end_ns"]
-    if params[rank][3] or any(table.column(c).null_count for c in times):  # as every table
-        frame = table_frame(TABLES["kernels"], [(rank, table)], params)
-        start_ns, end_ns = (frame[c].to_numpy(np.int64) for c in times)
-    else:
-        moved = shifted(table, times, params[rank])
-        start_ns, end_ns = (moved.column(c).to_numpy() for c in times)
+    moved = aligned(table, ["start_ns", "end_ns"], params[rank])
     step, category = table.column("step"), table.column("category")
     return Kernels(
-        start_ns=start_ns,
-        end_ns=end_ns,
+        start_ns=moved.column("start_ns").to_numpy(),
+        end_ns=moved.column("end_ns").to_numpy(),
         step=pc.fill_null(step, -1).to_numpy(),
         step_known=pc.is_valid(step).to_numpy(zero_copy_only=False),
         compute=_equal(category, "compute"),
@@ -239,42 +241,45 @@ def _equal(column: pa.ChunkedArray, value: str) -> np.ndarray:
 LAST_SPAN_COLUMNS = ["rank", "step", "name", "kind", "end_ns"]
 
 
-def _last_span(spans: pd.DataFrame, gpu_phases: pd.DataFrame | None) -> pd.DataFrame:
+def _last_span(spans: pa.Table, gpu_phases: pa.Table | None) -> pa.Table:
     """The span that ended last, of the spans and then the kernels' compute phases (the later
     of equals): the last of those that never ended, if any. The phases are disjoint and in
     order, so their last ends last, and only it competes. Picked by position, not by sorting
-    and concatenating frames (thousands of rows, a millisecond a rank)."""
-    never = np.flatnonzero(spans["end_ns"].isna().to_numpy())
+    and concatenating tables (thousands of rows)."""
+    spans = spans.select(LAST_SPAN_COLUMNS)
+    never = np.flatnonzero(is_null(spans, "end_ns"))
     if len(never):
-        return spans.iloc[never[-1:]][LAST_SPAN_COLUMNS]
-    end = spans["end_ns"].to_numpy(np.int64)
-    if gpu_phases is not None and len(gpu_phases):
-        phase_end = int(gpu_phases["end_ns"].iloc[-1])
+        return spans.slice(int(never[-1]), 1)
+    end = values(spans, "end_ns")
+    if gpu_phases is not None and gpu_phases.num_rows:
+        phase_end = gpu_phases.column("end_ns")[-1].as_py()
         if not len(end) or phase_end >= end.max():
-            return gpu_phases.iloc[-1:][LAST_SPAN_COLUMNS]
+            return gpu_phases.select(LAST_SPAN_COLUMNS).slice(gpu_phases.num_rows - 1, 1)
     last = len(end) - 1 - int(np.argmax(end[::-1])) if len(end) else 0
-    return spans.iloc[last : last + 1][LAST_SPAN_COLUMNS]
+    return spans.slice(last, 1)
 
 
-def _per_step(phases: pd.DataFrame, steps: pd.DataFrame, mask: np.ndarray) -> np.ndarray:
-    """Each step's total ns in the phases of the mask; NaN for a step with none of them."""
-    step = phases["step"].array[mask].to_numpy()  # the columns' own arrays: no filtered frame
-    keys, inverse = np.unique(steps["step"].to_numpy(), return_inverse=True)
+def _per_step(phases: pa.Table, steps: pa.Table, mask: np.ndarray) -> np.ndarray:
+    """Each step's total ns in the phases of the mask; NaN for a step with none of them (or
+    with one that never ended)."""
+    step = values(phases, "step")[mask]
+    keys, inverse = np.unique(values(steps, "step"), return_inverse=True)
     at = np.searchsorted(keys, step)
     known = at < len(keys)
     known[known] = keys[at[known]] == step[known]
-    ns = (phases["end_ns"].array[mask] - phases["start_ns"].array[mask]).to_numpy(np.float64)
-    ns = ns[known]
+    # the difference in Arrow: exact integers, null where a phase never ended
+    length = pc.subtract(phases.column("end_ns"), phases.column("start_ns"))
+    ns = np.asarray(length.to_numpy(), np.float64)[mask][known]
     total = np.bincount(at[known], weights=ns, minlength=len(keys))
     seen = np.bincount(at[known], minlength=len(keys)) > 0
-    return np.where(seen, total, np.nan)[inverse]
+    return np.where(seen, total, np.nan)[inverse.ravel()]
 
 
-def _groups(table: pa.Table) -> pd.DataFrame:
-    return pd.DataFrame(
+def _groups(table: pa.Table) -> pa.Table:
+    return pa.table(
         {
-            "group": table.column("group").to_numpy(zero_copy_only=False).astype(object),
-            "size": pc.list_value_length(table.column("ranks")).to_numpy(zero_copy_only=False),
+            "group": table.column("group"),
+            "size": pc.list_value_length(table.column("ranks")).cast(pa.int32()),
         }
     )
 
@@ -285,18 +290,18 @@ class RunSummary:
 
     ranks: list[int]
     meta: dict[int, dict[str, Any]]
-    steps: pd.DataFrame
-    phases: pd.DataFrame
-    actions: pd.DataFrame
-    collectives: pd.DataFrame
-    scalars: pd.DataFrame
-    fingerprints: pd.DataFrame
-    memory: pd.DataFrame
-    events: pd.DataFrame
-    inflight: pd.DataFrame
-    last_span: pd.DataFrame
-    groups: pd.DataFrame
-    gpu: pd.DataFrame = field(default_factory=pd.DataFrame)  # per rank: gpu.kernel_figures()
+    steps: pa.Table
+    phases: pa.Table
+    actions: pa.Table
+    collectives: pa.Table
+    scalars: pa.Table
+    fingerprints: pa.Table
+    memory: pa.Table
+    events: pa.Table
+    inflight: pa.Table
+    last_span: pa.Table
+    groups: pa.Table
+    gpu: pa.Table = field(default_factory=_no_table)  # per rank: gpu.kernel_figures()
     without_trace: list[int] = field(default_factory=list)  # ranks of the job that wrote none
 
     @property
@@ -311,15 +316,16 @@ class RunSummary:
     def steps_between(self, first: int | None, last: int | None) -> RunSummary:
         """The per-step tables cut to first <= step < last (None: open on that side)."""
 
-        def keep(df: pd.DataFrame) -> pd.DataFrame:
-            if df.empty or "step" not in df:
-                return df
-            mask = np.ones(len(df), bool)
+        def keep(t: pa.Table) -> pa.Table:
+            if not t.num_rows or "step" not in t.column_names:
+                return t
+            step = values(t, "step")
+            mask = np.ones(len(step), bool)
             if first is not None:
-                mask &= (df["step"] >= first).to_numpy()
+                mask &= step >= first
             if last is not None:
-                mask &= (df["step"] < last).to_numpy()
-            return df if mask.all() else df[mask]
+                mask &= step < last
+            return rows(t, mask)
 
         return replace(
             self,
@@ -349,45 +355,6 @@ def ranks_without_trace(run: RunSummary, ranks: Sequence[int] | None = None) -> 
     return sorted(wanted - set(run.ranks))
 
 
-def _all_empty_alike(frames: list[pd.DataFrame]) -> bool:
-    """Whether the frames are all empty, with the same columns of the same dtypes (none of them
-    categorical, whose categories a concatenation would merge): their concatenation is any of
-    them, got without touching a column."""
-    if not all(f.empty for f in frames):
-        return False
-    first = frames[0]
-    dtypes = list(first.dtypes)  # compared as lists: Series.equals costs twice the Series
-    return not any(isinstance(t, pd.CategoricalDtype) for t in dtypes) and all(
-        f.columns.equals(first.columns) and list(f.dtypes) == dtypes for f in frames
-    )
-
-
-def _concat_column(parts: list[pd.Series]) -> Any:
-    """One column of every rank's frame, concatenated at the array level where it can be."""
-    dtype = parts[0].dtype
-    if any(p.dtype != dtype for p in parts):
-        return pd.concat(parts, ignore_index=True)
-    if isinstance(dtype, pd.CategoricalDtype):
-        return _concat_categorical(parts)
-    if isinstance(dtype, np.dtype):
-        return np.concatenate([p.to_numpy() for p in parts])
-    if isinstance(dtype, pd.api.extensions.ExtensionDtype):  # str, Int32 and the like
-        arrays = [p.array for p in parts]
-        return type(arrays[0])._concat_same_type(arrays)
-    return pd.concat(parts, ignore_index=True)
-
-
-def _concat_categorical(parts: list[pd.Series]) -> pd.Categorical:
-    """One categorical from per-rank ones whose categories differ: codes remapped, no strings."""
-    names: dict[Any, int] = {}
-    codes = []
-    for part in parts:
-        cats = part.cat.categories
-        lookup = np.array([names.setdefault(c, len(names)) for c in cats] + [-1], np.int32)
-        codes.append(lookup[part.cat.codes.to_numpy()])  # code -1 (missing) picks the -1 slot
-    return pd.Categorical.from_codes(np.concatenate(codes), categories=list(names))
-
-
 def summarize_ranks(folders: Sequence[str | Path]) -> RunSummary:
     """summarize_rank on a few rank folders, combined: one task for a worker process, so that
     the concatenation happens in the workers and fewer, larger parts travel back."""
@@ -411,16 +378,13 @@ def combine(summaries: Sequence[RankSummary | RunSummary]) -> RunSummary:
     if len(sizes) > 1:
         raise DtprofError(f"ranks disagree on the world size ({sorted(sizes)})")
 
-    def cat(name: str) -> pd.DataFrame:
-        frames = [getattr(s, name) for s in summaries]
-        if not frames:
-            return pd.DataFrame()
-        if _all_empty_alike(frames):  # e.g. the scalars and events of profiler traces
-            return frames[0].copy()
-        # column by column, on the arrays: one column's copy at a time, no per-frame overhead
-        columns = {col: _concat_column([f[col] for f in frames]) for col in frames[0]}
-        return pd.DataFrame(columns, copy=False)  # no consolidating copy into 2-D blocks
+    def cat(name: str) -> pa.Table:
+        return concat([getattr(s, name) for s in summaries])
 
+    groups = cat("groups")
+    if groups.num_rows:  # each group once, as it came first
+        _, first = np.unique(values(groups, "group"), return_index=True)
+        groups = groups.take(np.sort(first))
     return RunSummary(
         ranks=[r for s in summaries for r in ranks_of(s)],
         meta=metas,
@@ -434,6 +398,6 @@ def combine(summaries: Sequence[RankSummary | RunSummary]) -> RunSummary:
         events=cat("events"),
         inflight=cat("inflight"),
         last_span=cat("last_span"),
-        groups=cat("groups").drop_duplicates("group", ignore_index=True),
+        groups=groups,
         gpu=cat("gpu"),
     )

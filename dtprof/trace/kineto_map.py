@@ -20,7 +20,6 @@ from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 from msgspec import UNSET
@@ -104,15 +103,21 @@ def _table(name: str, columns: dict[str, Any]) -> pa.Table:
 def _array(values: Any, type_: pa.DataType) -> pa.Array:
     if isinstance(values, pa.Array | pa.ChunkedArray):
         return values.cast(type_)
-    if isinstance(values, pd.Series):
-        values = values.to_numpy(dtype=object) if values.dtype == object else values.to_numpy()
     return pa.array(values, type_)
 
 
-def _steps(kf: KinetoFile, names: Distinct) -> pd.DataFrame:
+class Steps(NamedTuple):
+    """Profiler steps in order of start (ties by number): numbers and times, ns."""
+
+    step: np.ndarray
+    start_ns: np.ndarray
+    end_ns: np.ndarray
+
+
+def _steps(kf: KinetoFile, names: Distinct) -> Steps:
     if kf.step_spans is not None:  # as the native reader found them, by the same rule
         number, start_ns, end_ns = kf.step_spans
-        return pd.DataFrame({"step": number, "start_ns": start_ns, "end_ns": end_ns})
+        return Steps(np.asarray(number), np.asarray(start_ns), np.asarray(end_ns))
     cpu = kf.cpu
     found = [STEP.search(v) if v is not None else None for v in names.values]
     number = np.array([int(m.group("number")) if m else -1 for m in found] + [-1], np.int64)
@@ -125,16 +130,16 @@ def _steps(kf: KinetoFile, names: Distinct) -> pd.DataFrame:
     end = np.full(len(step), np.iinfo(np.int64).min)
     np.minimum.at(start, each, cpu.ts_ns[idx])
     np.maximum.at(end, each, cpu.end_ns[idx])
-    steps = pd.DataFrame({"step": step, "start_ns": start, "end_ns": end})
-    return steps.sort_values("start_ns", ignore_index=True, kind="stable")  # ties by number
+    order = np.argsort(start, kind="stable")  # ties by number
+    return Steps(step[order], start[order], end[order])
 
 
-def step_at(steps: pd.DataFrame, ts_ns: np.ndarray) -> np.ndarray:
+def step_at(steps: Steps, ts_ns: np.ndarray) -> np.ndarray:
     """The step that began last at or before each time; -1 before the first step."""
-    if steps.empty:
+    if not len(steps.step):
         return np.full(len(ts_ns), -1, np.int64)
-    pos = np.searchsorted(steps["start_ns"].to_numpy(), ts_ns, side="right") - 1
-    return np.where(pos >= 0, steps["step"].to_numpy()[np.maximum(pos, 0)], -1)
+    pos = np.searchsorted(steps.start_ns, ts_ns, side="right") - 1
+    return np.where(pos >= 0, steps.step[np.maximum(pos, 0)], -1)
 
 
 CATEGORIES = pa.array(["compute", "communication", "memory", "other"])  # the kernels' categories
@@ -186,9 +191,7 @@ def gpu_launches(kf: KinetoFile) -> Launches:
     return Launches(found, np.where(found, ts, 0), kf.launch_tid[order][pos])
 
 
-def kernels_table(
-    kf: KinetoFile, steps: pd.DataFrame, launches: Launches
-) -> tuple[pa.Table, np.ndarray]:
+def kernels_table(kf: KinetoFile, steps: Steps, launches: Launches) -> tuple[pa.Table, np.ndarray]:
     """The kernels table, and each GPU event's category."""
     category = kf.gpu_category
     if category is None:  # else as the native reader found them, by the same rules
@@ -238,7 +241,7 @@ ARG_COLUMNS = ("group", "seq", "op", "bytes", "dtype", "peer")  # collectives' c
 
 def collectives_table(
     kf: KinetoFile,
-    steps: pd.DataFrame,
+    steps: Steps,
     category: np.ndarray,
     launches: Launches,
     cpu_names: Distinct,
@@ -452,7 +455,7 @@ def _add_args(
     fields["peer"] += [-1 if op in P2P_OPS else None for op in ops]
 
 
-def samples_table(kf: KinetoFile, steps: pd.DataFrame) -> pa.Table:
+def samples_table(kf: KinetoFile, steps: Steps) -> pa.Table:
     """The last ``[memory]`` reading of each step: allocated and reserved, CUDA and CPU.
 
     Per (step, device), in that order, allocated then reserved: the last reading that has the
@@ -500,7 +503,7 @@ def _run_ends(values: np.ndarray) -> np.ndarray:
     return np.flatnonzero(np.append(values[1:] != values[:-1], True))
 
 
-def spans_table(kf: KinetoFile, steps: pd.DataFrame, names: Distinct) -> pa.Table:
+def spans_table(kf: KinetoFile, steps: Steps, names: Distinct) -> pa.Table:
     """User annotations other than steps and communication: regions at depth 0."""
     cpu = kf.cpu
     annotation = pc.fill_null(pc.equal(kf.cpu_cat, "user_annotation"), False)  # null: no cat
@@ -553,7 +556,7 @@ def rank_tables(kf: KinetoFile) -> dict[str, pa.Table]:
     kernels, category = kernels_table(kf, steps, launches)
     tables = {name: t.empty for name, t in TABLES.items()}
     tables.update(
-        steps=_table("steps", {c: steps[c] for c in steps.columns}),
+        steps=_table("steps", steps._asdict()),
         kernels=kernels,
         collectives=collectives_table(kf, steps, category, launches, names),
         samples=samples_table(kf, steps),

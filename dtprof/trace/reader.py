@@ -1,4 +1,9 @@
-"""load_trace(): read a dtprof trace directory into pandas DataFrames on one clock."""
+"""Reading a dtprof trace directory: its tables in Arrow, times on rank 0's clock, and
+load_trace(), which gives them as pandas DataFrames.
+
+pandas is imported only where a DataFrame is made: the analyzer works on Arrow and numpy, and
+importing pandas was a fifth of a cold ``analyze``.
+"""
 
 from __future__ import annotations
 
@@ -9,10 +14,9 @@ import stat
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -28,6 +32,15 @@ from dtprof.trace.schema import (
     TABLES,
     Table,
 )
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+
+def _no_frame() -> pd.DataFrame:
+    import pandas as pd
+
+    return pd.DataFrame()
 
 
 @dataclass
@@ -49,7 +62,7 @@ class Trace:
     events: pd.DataFrame
     inflight: pd.DataFrame
     meta: dict[int, dict[str, Any]] = field(default_factory=dict)
-    kernels: pd.DataFrame = field(default_factory=pd.DataFrame)  # imported GPU activity
+    kernels: pd.DataFrame = field(default_factory=_no_frame)  # imported GPU activity
 
     @property
     def world_size(self) -> int:
@@ -249,8 +262,29 @@ INFLIGHT_DTYPES = {
     "label": "str",
 }
 
-# Columns that may be null (peer, stage, microbatch) stay integers rather than floats.
-_NULLABLE_INTS = {pa.int16(): pd.Int16Dtype(), pa.int32(): pd.Int32Dtype()}
+INFLIGHT_SCHEMA = pa.schema(
+    [
+        ("rank", pa.int32()),
+        ("step", pa.int64()),
+        ("group", pa.string()),
+        ("seq", pa.int64()),
+        ("op", pa.string()),
+        ("bytes", pa.int64()),
+        ("dtype", pa.string()),
+        ("peer", pa.int32()),
+        ("start_ns", pa.int64()),
+        ("async_op", pa.bool_()),
+        ("label", pa.string()),
+    ]
+)
+
+
+@functools.cache
+def _nullable_ints() -> dict[pa.DataType, Any]:
+    """Columns that may be null (peer, stage, microbatch) stay integers in pandas, not floats."""
+    import pandas as pd
+
+    return {pa.int16(): pd.Int16Dtype(), pa.int32(): pd.Int32Dtype()}
 
 
 ClockParams = tuple[int, float, float, float]
@@ -277,38 +311,6 @@ def clock_params(meta: dict[str, Any]) -> ClockParams:
     return base, off0, t0, (off1 - off0) / (t1 - t0)
 
 
-def _align(
-    df: pd.DataFrame, columns: list[str], params: dict[int, tuple[int, float, float, float]]
-) -> None:
-    """Turn monotonic local stamps into rank 0's wall clock, in place, vectorized over rows."""
-    if df.empty or not columns:
-        return
-    ranks = df["rank"].to_numpy()
-    keys = np.array(sorted(params))
-    idx = np.searchsorted(keys, ranks)
-    # the wall-clock anchor (~1.8e18 ns) stays int64: float64 would round it to 256 ns
-    base = np.array([params[k][0] for k in keys], dtype=np.int64)[idx]
-    rest = np.array([params[k][1:] for k in keys], dtype=np.float64).reshape(-1, 3)[idx]
-    off0, t0, slope = rest[:, 0], rest[:, 1], rest[:, 2]
-    drift = bool(slope.any())
-    # without drift the shift is one number per rank: no float pass over the stamps
-    shift = np.array([_constant_shift(params[k]) for k in keys], dtype=np.int64)[idx]
-    for col in columns:
-        nullable = df[col].hasnans
-        local = df[col].to_numpy(dtype="int64", na_value=0)
-        if drift:
-            raw = df[col].to_numpy(dtype=np.float64, na_value=np.nan)
-            offset = np.rint(np.nan_to_num(off0 + slope * (raw - t0))).astype(np.int64)
-            aligned = local + base - offset
-        else:
-            aligned = local + shift
-        if nullable:
-            missing = df[col].isna().to_numpy()
-            df[col] = pd.array(np.where(missing, pd.NA, aligned), dtype="Int64")
-        else:
-            df[col] = aligned
-
-
 def read_rank_meta(folder: Path) -> dict[str, Any]:
     """A rank folder's meta.json, checked against the rank in the folder's name."""
     meta = read_meta(folder)
@@ -322,41 +324,44 @@ def read_rank_meta(folder: Path) -> dict[str, Any]:
     return meta
 
 
-def table_frame(
+def rank_table(
     table: Table, by_rank: list[tuple[int, pa.Table]], params: dict[int, ClockParams]
-) -> pd.DataFrame:
-    """One table of some ranks as pandas: a rank column first, times on rank 0's clock.
-
-    Without clock drift, each rank's times move by one number: that is added in Arrow, before
-    the conversion, rather than column by column through pandas (a frame of a few rows took
-    about 1.5 ms that way, half of it in the shifts)."""
+) -> pa.Table:
+    """One table of some ranks in Arrow: a rank column first, times on rank 0's clock (nulls
+    stay null)."""
     if not any(t.num_rows for _, t in by_rank):  # many tables of a trace are empty
-        return _empty_frame(table).copy()
-    drift = any(params[r][3] for r, _ in by_rank)
+        return _empty_table(table)
     present = by_rank[0][1].schema.names  # all of the table's columns, or some
     times = [c for c in table.time_columns if c in present]
-    parts = [t if drift else shifted(t, times, params[r]) for r, t in by_rank]
-    data = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
-    df = data.to_pandas(types_mapper=_NULLABLE_INTS.get)
-    counts = [t.num_rows for _, t in by_rank]
-    df.insert(0, "rank", np.repeat(np.array([r for r, _ in by_rank], np.int32), counts))
-    if drift:
-        _align(df, times, params)
-        return df
-    for name in times:  # times with nulls stay integers, as _align keeps them
-        column = data.column(name)
-        if column.null_count:
-            values = pc.fill_null(column, 0).to_numpy()
-            missing = column.is_null().to_numpy(zero_copy_only=False)
-            df[name] = pd.arrays.IntegerArray(values, missing)
-    return df
+    parts = [
+        aligned(t, times, params[r]).add_column(
+            0, "rank", pa.array(np.full(t.num_rows, r, np.int32))
+        )
+        for r, t in by_rank
+    ]
+    return pa.concat_tables(parts) if len(parts) > 1 else parts[0]
 
 
 @functools.cache
-def _empty_frame(table: Table) -> pd.DataFrame:
-    df = table.empty.to_pandas(types_mapper=_NULLABLE_INTS.get)
-    df.insert(0, "rank", np.array([], np.int32))
-    return df
+def _empty_table(table: Table) -> pa.Table:
+    return table.empty.add_column(0, "rank", pa.array([], pa.int32()))
+
+
+def aligned(t: pa.Table, times: list[str], params: ClockParams) -> pa.Table:
+    """t (one rank's rows) with its times on rank 0's clock: moved by one number when the
+    rank's clock does not drift, else each by the offset at its own time."""
+    base, off0, t0, slope = params
+    if not slope:
+        return shifted(t, times, params)
+    for name in times:
+        i = t.schema.get_field_index(name)
+        column = t.column(i)
+        local = pc.fill_null(column, 0).to_numpy().astype(np.int64)
+        # the wall-clock anchor (~1.8e18 ns) stays int64: float64 would round it to 256 ns
+        offset = np.rint(off0 + slope * (local.astype(np.float64) - t0)).astype(np.int64)
+        missing = column.is_null().to_numpy(zero_copy_only=False) if column.null_count else None
+        t = t.set_column(i, name, pa.array(local + int(base) - offset, pa.int64(), mask=missing))
+    return t
 
 
 def _constant_shift(params: ClockParams) -> int:
@@ -374,21 +379,52 @@ def shifted(t: pa.Table, times: list[str], params: ClockParams) -> pa.Table:
     return t
 
 
-@functools.cache
-def _empty_inflight() -> pd.DataFrame:
-    return pd.DataFrame([], columns=list(INFLIGHT_DTYPES)).astype(INFLIGHT_DTYPES)
+def table_frame(
+    table: Table, by_rank: list[tuple[int, pa.Table]], params: dict[int, ClockParams]
+) -> pd.DataFrame:
+    """rank_table() as pandas: times with nulls stay integers (nullable)."""
+    return _frame(rank_table(table, by_rank, params), table.time_columns)
+
+
+def _frame(data: pa.Table, times: tuple[str, ...] | list[str]) -> pd.DataFrame:
+    import pandas as pd
+
+    ranks = data.column("rank").to_numpy() if "rank" in data.column_names else None
+    df = data.to_pandas(types_mapper=_nullable_ints().get)
+    if ranks is not None:  # never null: plain int32, not the nullable kind
+        df["rank"] = ranks
+    for name in times:  # with nulls: nullable integers, not floats
+        column = data.column(name) if name in data.column_names else None
+        if column is not None and column.null_count:
+            values = pc.fill_null(column, 0).to_numpy()
+            missing = column.is_null().to_numpy(zero_copy_only=False)
+            df[name] = pd.arrays.IntegerArray(values, missing)
+    return df
+
+
+def inflight_table(
+    by_rank: list[tuple[int, list[dict[str, Any]]]], params: dict[int, ClockParams]
+) -> pa.Table:
+    """inflight.json rows of some ranks in Arrow, start_ns on rank 0's clock."""
+    parts = [
+        aligned(
+            pa.Table.from_pylist([dict(row, rank=rank) for row in rows], schema=INFLIGHT_SCHEMA),
+            ["start_ns"],
+            params[rank],
+        )
+        for rank, rows in by_rank
+        if rows
+    ]
+    if not parts:  # the usual case, once per rank
+        return INFLIGHT_SCHEMA.empty_table()
+    return pa.concat_tables(parts) if len(parts) > 1 else parts[0]
 
 
 def inflight_frame(
     by_rank: list[tuple[int, list[dict[str, Any]]]], params: dict[int, ClockParams]
 ) -> pd.DataFrame:
-    """inflight.json rows of some ranks as pandas, start_ns on rank 0's clock."""
-    rows = [dict(row, rank=rank) for rank, rank_rows in by_rank for row in rank_rows]
-    if not rows:  # the usual case, once per rank: skip building the frame from nothing
-        return _empty_inflight().copy()
-    df = pd.DataFrame(rows, columns=list(INFLIGHT_DTYPES)).astype(INFLIGHT_DTYPES)
-    _align(df, ["start_ns"], params)
-    return df
+    """inflight_table() as pandas."""
+    return _frame(inflight_table(by_rank, params), ["start_ns"]).astype(INFLIGHT_DTYPES)
 
 
 def _load_rank(folder: Path) -> tuple[dict[str, Any], dict[str, pa.Table], list[Any]]:
@@ -420,6 +456,8 @@ def _inflight_row(row: Any) -> bool:
 
 def load_trace(path: str | os.PathLike[str], threads: int | None = None) -> Trace:
     """Read every rank of a trace directory (or of PyTorch profiler traces); times aligned."""
+    import pandas as pd
+
     from dtprof.trace.importer import resolve  # imports this module
 
     root = Path(path)

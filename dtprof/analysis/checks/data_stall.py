@@ -9,9 +9,12 @@ least 2, are skipped. A warning; an error when stalls take more than 10% of the 
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import numpy as np
 
 from dtprof.analysis.checks.straggler import warmup_steps
+from dtprof.analysis.columns import group_sum, groups, rows, values
 from dtprof.analysis.report import Finding
 from dtprof.analysis.summarize import RunSummary
 
@@ -24,20 +27,31 @@ ERROR_SHARE = 0.10
 
 def check(run: RunSummary) -> list[Finding]:
     steps = run.steps
-    if steps.empty or steps["data_ns"].isna().all():
+    if not steps.num_rows or np.isnan(values(steps, "data_ns", np.float64)).all():
         return []
-    steps = steps[steps["step"] >= warmup_steps(steps["step"])]
-    median_step = float(steps["step_ns"].median())
-    median_data = float(steps["data_ns"].median())
+    steps = rows(steps, values(steps, "step") >= warmup_steps(values(steps, "step")))
+    step, rank = values(steps, "step"), values(steps, "rank")
+    step_ns, data_ns = values(steps, "step_ns", np.float64), values(steps, "data_ns", np.float64)
+    median_step = _median(step_ns)
+    median_data = _median(data_ns)
     bar = max(STEP_SHARE * median_step, OVER_MEDIAN * median_data)
-    stalls = steps[steps["data_ns"] > bar]
+    (ranks,), inverse = groups(rank)
+    time_ns = group_sum(inverse, len(ranks), step_ns)
+    # the stalls by rank, each rank's in the steps' order
+    stalls = np.flatnonzero(data_ns > bar)
+    stalls = stalls[np.argsort(inverse[stalls], kind="stable")]
+    at = inverse[stalls]
+    cuts = np.r_[0, np.flatnonzero(np.diff(at)) + 1, len(at)]
     findings = []
-    for rank, rows in stalls.groupby("rank"):
-        if len(rows) < MIN_STALLS:
+    for lo, hi in pairwise(cuts.tolist()):
+        if hi - lo < MIN_STALLS:
             continue
-        stall_steps = sorted(int(s) for s in rows["step"])
-        lost_s = float((rows["data_ns"] - median_data).sum()) / 1e9
-        share = lost_s * 1e9 / float(steps.loc[steps["rank"] == rank, "step_ns"].sum())
+        mine = stalls[lo:hi]
+        r = int(ranks[at[lo]])
+        stall_steps = sorted(step[mine].tolist())
+        stall_ns = data_ns[mine]
+        lost_s = float((stall_ns - median_data).sum()) / 1e9
+        share = lost_s * 1e9 / float(time_ns[at[lo]])
         if share < MIN_SHARE:
             continue
         gaps = np.diff(stall_steps)
@@ -47,12 +61,12 @@ def check(run: RunSummary) -> list[Finding]:
             Finding(
                 code="data-stall",
                 severity="error" if share > ERROR_SHARE else "warning",
-                ranks=[int(rank)],
+                ranks=[r],
                 first_step=stall_steps[0],
                 last_step=stall_steps[-1],
                 message=(
-                    f"rank {rank} waited for its input in {len(stall_steps)} steps{every} "
-                    f"(median {rows['data_ns'].median() / 1e6:.1f} ms against "
+                    f"rank {r} waited for its input in {len(stall_steps)} steps{every} "
+                    f"(median {_median(stall_ns) / 1e6:.1f} ms against "
                     f"{median_data / 1e6:.2f} ms usually), {share:.0%} of its time; the other "
                     "ranks waited for it at the next collective"
                 ),
@@ -63,7 +77,7 @@ def check(run: RunSummary) -> list[Finding]:
                 ),
                 evidence={
                     "stall_steps": stall_steps,
-                    "stall_ms_median": round(float(rows["data_ns"].median()) / 1e6, 3),
+                    "stall_ms_median": round(_median(stall_ns) / 1e6, 3),
                     "data_ms_median": round(median_data / 1e6, 3),
                     "period_steps": period,
                     "lost_s": round(lost_s, 6),
@@ -72,3 +86,9 @@ def check(run: RunSummary) -> list[Finding]:
             )
         )
     return findings
+
+
+def _median(x: np.ndarray) -> float:
+    """The median of the values that are not NaN; NaN where none."""
+    x = x[~np.isnan(x)]
+    return float(np.median(x)) if len(x) else float("nan")

@@ -10,38 +10,50 @@ name every rank. Always an error.
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
+from dtprof.analysis.columns import rows, values
 from dtprof.analysis.report import Finding
 from dtprof.analysis.summarize import RunSummary
 
 
-def _bad_scalars(run: RunSummary) -> pd.DataFrame:
+def _bad_scalars(run: RunSummary) -> pa.Table:
     s = run.scalars
-    return s[~np.isfinite(s["value"].to_numpy(dtype=float))] if not s.empty else s
+    return rows(s, ~np.isfinite(values(s, "value", float))) if s.num_rows else s
 
 
-def _bad_fingerprints(run: RunSummary) -> pd.DataFrame:
+def _bad_fingerprints(run: RunSummary) -> pa.Table:
     f = run.fingerprints
-    if f.empty:
+    if not f.num_rows:
         return f
-    ok = np.isfinite(f["sum"].to_numpy(dtype=float)) & np.isfinite(f["sumsq"].to_numpy(dtype=float))
-    return f[~ok]
+    ok = np.isfinite(values(f, "sum", float)) & np.isfinite(values(f, "sumsq", float))
+    return rows(f, ~ok)
+
+
+def _distinct(*tables: pa.Table, column: str) -> list:
+    """The distinct values of a column of some tables, sorted, without nulls (as pandas'
+    unique, sorted, gave them for these ints and strings)."""
+    chunks = [c for t in tables for c in t.column(column).chunks]
+    joined = pa.chunked_array(chunks, type=tables[0].schema.field(column).type)
+    return sorted(pc.unique(joined).drop_null().to_pylist())
 
 
 def check(run: RunSummary) -> list[Finding]:
     scalars, prints = _bad_scalars(run), _bad_fingerprints(run)
-    if scalars.empty and prints.empty:
+    found = [t for t in (scalars, prints) if t.num_rows]
+    if not found:
         return []
-    first = int(min(d["step"].min() for d in (scalars, prints) if not d.empty))
-    born = scalars[scalars["step"] == first]
-    where = "logged " + ", ".join(sorted(born["name"].unique())) if not born.empty else ""
-    if born.empty:
-        born = prints[prints["step"] == first]
-        where = "parameters (" + ", ".join(sorted(born["tensor"].unique())[:3]) + ")"
-    origin = sorted(int(r) for r in born["rank"].unique())
-    affected = sorted(int(r) for r in pd.concat([scalars["rank"], prints["rank"]]).unique())
-    last = int(max(d["step"].max() for d in (scalars, prints) if not d.empty))
+    first = int(min(np.nanmin(values(t, "step")) for t in found))
+    born = rows(scalars, values(scalars, "step") == first) if scalars.num_rows else scalars
+    in_scalars = born.num_rows > 0
+    if not in_scalars:
+        born = rows(prints, values(prints, "step") == first)
+    names = _distinct(born, column="name" if in_scalars else "tensor")
+    where = f"logged {', '.join(names)}" if in_scalars else f"parameters ({', '.join(names[:3])})"
+    origin = _distinct(born, column="rank")
+    affected = _distinct(*found, column="rank")
+    last = int(max(np.nanmax(values(t, "step")) for t in found))
     spread = [r for r in affected if r not in origin]
     who = "rank" if len(origin) == 1 else "ranks"
     message = (
@@ -65,10 +77,10 @@ def check(run: RunSummary) -> list[Finding]:
             evidence={
                 "origin_ranks": origin,
                 "first_step": first,
-                "in": "scalars" if where.startswith("logged") else "fingerprints",
-                "names": sorted(born["name" if "name" in born else "tensor"].unique().tolist()),
+                "in": "scalars" if in_scalars else "fingerprints",
+                "names": names,
                 "ranks_affected": affected,
-                "steps_affected": int(pd.concat([scalars["step"], prints["step"]]).nunique()),
+                "steps_affected": len(_distinct(*found, column="step")),
             },
         )
     ]

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import json
 
+import pyarrow as pa
+
+from dtprof.analysis.columns import rows, sort_order, values
 from dtprof.analysis.report import Finding
 from dtprof.analysis.summarize import RunSummary
 
@@ -21,8 +24,7 @@ def _switched_off(run: RunSummary) -> dict[int, dict[str, int | None]]:
         hooks = run.meta[rank].get("disabled_hooks") or []
         if hooks:
             off[rank] = {str(h): None for h in hooks}
-    errors = run.events[run.events["kind"] == "hook-error"].sort_values("ts_ns")
-    for rank, step, detail in zip(errors["rank"], errors["step"], errors["detail"], strict=True):
+    for rank, step, detail in _hook_errors(run.events):
         try:
             hook = str(json.loads(detail).get("hook"))
         except (ValueError, AttributeError):
@@ -31,6 +33,15 @@ def _switched_off(run: RunSummary) -> dict[int, dict[str, int | None]]:
         if per.get(hook) is None:
             per[hook] = int(step)
     return off
+
+
+def _hook_errors(events: pa.Table) -> list[tuple[int, int, str]]:
+    """(rank, step, detail) of the hook-error events, in the order of their times."""
+    if not events.num_rows:
+        return []
+    errors = rows(events, values(events, "kind") == "hook-error")
+    errors = errors.take(sort_order(errors, "ts_ns"))
+    return list(zip(*(values(errors, c) for c in ("rank", "step", "detail")), strict=True))
 
 
 def check(run: RunSummary) -> list[Finding]:

@@ -18,9 +18,10 @@ on the ranks exposed at least that much that arrived last at some collective. Th
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
+import pyarrow as pa
 
 from dtprof.analysis.checks.straggler import last_arrival_shares, warmup_steps
+from dtprof.analysis.columns import group_sum, groups, is_null, rows, values
 from dtprof.analysis.report import Finding
 from dtprof.analysis.summarize import RunSummary
 
@@ -47,12 +48,27 @@ def transfer_intervals(run: RunSummary, first_step: int) -> dict[int, list[np.nd
     return out
 
 
-def intervals_by_rank(frame: pd.DataFrame) -> dict[int, list[np.ndarray]]:
-    """A frame's rank, start_ns, end_ns as transfer_intervals gives them."""
-    return {
-        int(rank): [rows[["start_ns", "end_ns"]].to_numpy(np.int64).T]
-        for rank, rows in frame.groupby("rank")
-    }
+def intervals_by_rank(table: pa.Table) -> dict[int, list[np.ndarray]]:
+    """A table's rank, start_ns, end_ns as transfer_intervals gives them (ranks ascending)."""
+    ranks, spans = _spans_by_rank(table)
+    distinct = np.unique(ranks)
+    lo, hi = np.searchsorted(ranks, distinct), np.searchsorted(ranks, distinct, side="right")
+    return {int(r): [spans[:, a:b]] for r, a, b in zip(distinct, lo, hi, strict=True)}
+
+
+def _spans_by_rank(table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+    """A table's ranks, sorted, and its [start_ns, end_ns] as a (2, n) array in their order
+    (each rank's rows in the table's order); rows that never ended left out."""
+    table = _ended(table)
+    ranks = values(table, "rank")
+    order = np.argsort(ranks, kind="stable")
+    spans = np.stack([values(table, "start_ns", np.int64), values(table, "end_ns", np.int64)])
+    return ranks[order], spans[:, order]
+
+
+def _ended(table: pa.Table) -> pa.Table:
+    """The rows with an end (a rank stopped inside a span leaves its end null)."""
+    return rows(table, ~is_null(table, "end_ns"))
 
 
 def covered(comm: np.ndarray, compute: np.ndarray) -> tuple[int, int]:
@@ -72,26 +88,28 @@ def covered(comm: np.ndarray, compute: np.ndarray) -> tuple[int, int]:
     return int(dt[comm_on].sum()), int(dt[comm_on & comp_on].sum())
 
 
-def overlap_per_rank(comm: dict[int, list[np.ndarray]], compute: pd.DataFrame) -> pd.DataFrame:
-    """Per rank: communication ns (union) and the ns of it during compute."""
-    phases = compute.sort_values("rank", kind="stable")
-    ranks = phases["rank"].to_numpy()
-    spans = phases[["start_ns", "end_ns"]].to_numpy(np.int64).T
-    rows = {}
+def overlap_per_rank(
+    comm: dict[int, list[np.ndarray]], compute: pa.Table
+) -> dict[int, tuple[int, int]]:
+    """Per rank (comm's order): communication ns (union) and the ns of it during compute."""
+    ranks, spans = _spans_by_rank(compute)
+    out = {}
     for rank, parts in comm.items():
         lo, hi = np.searchsorted(ranks, rank), np.searchsorted(ranks, rank, side="right")
-        rows[rank] = covered(np.concatenate(parts, axis=1), spans[:, lo:hi])
-    return pd.DataFrame.from_dict(rows, orient="index", columns=["comm_ns", "overlap_ns"])
+        out[rank] = covered(np.concatenate(parts, axis=1), spans[:, lo:hi])
+    return out
 
 
 RANKS_PER_BLOCK = 128  # matrix columns swept at once: bounds the temporaries' memory
 
 
-def merged_compute(compute: pd.DataFrame) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+def merged_compute(compute: pa.Table) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """Per rank, its compute spans merged into sorted disjoint [start, end), with the compute
-    time before each one (prefix sums): what compute_before needs."""
-    ranks = compute["rank"].to_numpy()
-    starts, ends = compute["start_ns"].to_numpy(np.int64), compute["end_ns"].to_numpy(np.int64)
+    time before each one (prefix sums): what compute_before needs. Spans that never ended are
+    left out."""
+    compute = _ended(compute)
+    ranks = values(compute, "rank")
+    starts, ends = values(compute, "start_ns", np.int64), values(compute, "end_ns", np.int64)
     step = np.diff(ranks)
     if not ((step >= 0).all() and ((step > 0) | (np.diff(starts) >= 0)).all()):
         order = np.lexsort((starts, ranks))  # stable: rows already in order stay in place
@@ -117,7 +135,7 @@ def compute_before(merged: tuple[np.ndarray, np.ndarray, np.ndarray], t: np.ndar
     return prefix[j] - np.where(j > 0, np.maximum(last_end - t, 0), 0)
 
 
-def comm_overlap(run: RunSummary, first_step: int, compute: pd.DataFrame) -> pd.DataFrame:
+def comm_overlap(run: RunSummary, first_step: int, compute: pa.Table) -> dict[int, tuple[int, int]]:
     """Per rank: communication ns (the union of its transfers) and the ns of it during compute.
 
     Vectorized over the ranks of a group: a transfer starts when the group's last member
@@ -126,12 +144,12 @@ def comm_overlap(run: RunSummary, first_step: int, compute: pd.DataFrame) -> pd.
     difference of compute_before. A rank in several groups is swept on its own.
     """
     unions = merged_compute(compute)
-    groups = [g for g in run.matched if (g.complete & (g.step >= first_step)).any()]
-    members = np.concatenate([g.ranks for g in groups]) if groups else np.zeros(0, np.int64)
-    memberships = pd.Series(members).value_counts()
-    alone = {int(r) for r, n in memberships.items() if n == 1}
-    rows: dict[int, tuple[int, int]] = {}
-    for g in groups:
+    matched = [g for g in run.matched if (g.complete & (g.step >= first_step)).any()]
+    members = np.concatenate([g.ranks for g in matched]) if matched else np.zeros(0, np.int64)
+    member, memberships = np.unique(members, return_counts=True)
+    alone = set(member[memberships == 1].tolist())
+    out: dict[int, tuple[int, int]] = {}
+    for g in matched:
         keep = g.complete & (g.step >= first_step)
         start = g.start.max(axis=1)[keep]
         order = np.argsort(start, kind="stable")
@@ -155,46 +173,52 @@ def comm_overlap(run: RunSummary, first_step: int, compute: pd.DataFrame) -> pd.
                 if rank in unions:
                     under = compute_before(unions[rank], b) - compute_before(unions[rank], a)
                     inside = int(under.sum())
-                rows[rank] = (int((b - a).sum()), inside)
-    if len(alone) < len(memberships):
+                out[rank] = (int((b - a).sum()), inside)
+    if len(alone) < len(member):
         spread = {r: p for r, p in transfer_intervals(run, first_step).items() if r not in alone}
-        for rank, row in overlap_per_rank(spread, compute).iterrows():
-            rows[int(rank)] = (int(row["comm_ns"]), int(row["overlap_ns"]))
-    return pd.DataFrame.from_dict(rows, orient="index", columns=["comm_ns", "overlap_ns"])
+        out.update(overlap_per_rank(spread, compute))
+    return out
 
 
 def check(run: RunSummary) -> list[Finding]:
-    if run.collectives.empty or run.phases.empty or run.steps.empty:
+    if not (run.collectives.num_rows and run.phases.num_rows and run.steps.num_rows):
         return []
-    skip = warmup_steps(run.steps["step"])
-    compute = run.phases.loc[run.phases["step"] >= skip, ["rank", "start_ns", "end_ns"]]
-    per = comm_overlap(run, skip, compute)
-    if per.empty:
+    skip = warmup_steps(values(run.steps, "step"))
+    compute = rows(run.phases, values(run.phases, "step") >= skip)
+    per = comm_overlap(run, skip, compute.select(["rank", "start_ns", "end_ns"]))
+    if not per:
         return []
-    step_ns = run.steps[run.steps["step"] >= skip].groupby("rank")["step_ns"].sum()
-    per["overlap_fraction"] = per["overlap_ns"] / per["comm_ns"].where(per["comm_ns"] > 0)
-    per["exposed_comm_fraction"] = (per["comm_ns"] - per["overlap_ns"]) / step_ns
-    per["last_arrival_share"] = last_arrival_shares(run, skip).reindex(per.index).fillna(0.0)
-    weight = per["last_arrival_share"]
+    ranks = np.array(list(per), np.int64)
+    comm_ns, overlap_ns = (np.array(c, np.int64) for c in zip(*per.values(), strict=True))
+    steps = rows(run.steps, values(run.steps, "step") >= skip)
+    (step_ranks,), inverse = groups(values(steps, "rank"))
+    total = group_sum(inverse, len(step_ranks), values(steps, "step_ns", np.float64))
+    step_ns_of = dict(zip(step_ranks.tolist(), total.tolist(), strict=True))
+    step_ns = np.array([step_ns_of.get(r, np.nan) for r in per], np.float64)
+    shares = last_arrival_shares(run, skip)
+    weight = np.array([shares.get(r, 0.0) for r in per], np.float64)
+    with np.errstate(all="ignore"):
+        overlap_fraction = np.where(comm_ns > 0, overlap_ns / comm_ns, np.nan)
+        exposed_fraction = (comm_ns - overlap_ns) / step_ns
     if weight.sum() <= 0:
         return []
-    exposed = float((per["exposed_comm_fraction"].fillna(0.0) * weight).sum() / weight.sum())
+    # a rank without a figure (no transfer, no step time) adds nothing
+    exposed = float(np.nansum(_nan_to_zero(exposed_fraction) * weight) / weight.sum())
     if exposed < WARN_EXPOSED:
         return []
-    overlap = float((per["overlap_fraction"].fillna(0.0) * weight).sum() / weight.sum())
-    bad = per[(per["exposed_comm_fraction"] >= WARN_EXPOSED) & (weight > 0)]
-    ranks = sorted(int(r) for r in bad.index)
-    analysed = sorted(run.steps.loc[run.steps["step"] >= skip, "step"].unique())
+    overlap = float(np.nansum(_nan_to_zero(overlap_fraction) * weight) / weight.sum())
+    ranks_exposed = sorted(ranks[(exposed_fraction >= WARN_EXPOSED) & (weight > 0)].tolist())
+    analysed = np.unique(values(steps, "step"))
     return [
         Finding(
             code="poor-overlap",
             severity="error" if exposed >= ERROR_EXPOSED else "warning",
-            ranks=ranks,
+            ranks=ranks_exposed,
             first_step=int(analysed[0]),
             last_step=int(analysed[-1]),
             message=(
                 f"communication is exposed for {exposed:.0%} of each step on the critical path"
-                f" ({len(ranks)} rank(s)): only {overlap:.0%} of it runs while compute does"
+                f" ({len(ranks_exposed)} rank(s)): only {overlap:.0%} of it runs while compute does"
             ),
             suggestion=(
                 "let communication start during backward: DDP with its default buckets "
@@ -205,13 +229,24 @@ def check(run: RunSummary) -> list[Finding]:
                 "overlap_fraction": round(overlap, 4),
                 "exposed_comm_fraction": round(exposed, 4),
                 "per_rank": {
-                    int(r): {
-                        "overlap_fraction": round(float(row["overlap_fraction"]), 4),
-                        "exposed_comm_fraction": round(float(row["exposed_comm_fraction"]), 4),
-                        "last_arrival_share": round(float(row["last_arrival_share"]), 4),
+                    r: {
+                        "overlap_fraction": round(o, 4),
+                        "exposed_comm_fraction": round(e, 4),
+                        "last_arrival_share": round(w, 4),
                     }
-                    for r, row in per.iterrows()
+                    for r, o, e, w in zip(
+                        ranks.tolist(),
+                        overlap_fraction.tolist(),
+                        exposed_fraction.tolist(),
+                        weight.tolist(),
+                        strict=True,
+                    )
                 },
             },
         )
     ]
+
+
+def _nan_to_zero(x: np.ndarray) -> np.ndarray:
+    """x with 0 for NaN (infinities kept)."""
+    return np.where(np.isnan(x), 0.0, x)

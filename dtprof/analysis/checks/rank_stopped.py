@@ -13,8 +13,10 @@ its own reason is a consequence: one warning for all of those, naming the ranks 
 
 from __future__ import annotations
 
-import pandas as pd
+import numpy as np
+import pyarrow as pa
 
+from dtprof.analysis.columns import codes, groups, values
 from dtprof.analysis.report import Finding
 from dtprof.analysis.summarize import RunSummary
 
@@ -22,16 +24,16 @@ BEHIND_STEPS = 2
 
 
 def check(run: RunSummary) -> list[Finding]:
-    last = run.steps.groupby("rank")["step"].max() if not run.steps.empty else None
-    furthest = int(last.max()) if last is not None and len(last) else -1
+    last = _last_steps(run.steps)
+    furthest = int(np.nanmax(list(last.values()))) if last else -1
     statuses = {r: str(m.get("status", "")) for r, m in run.meta.items()}
-    failed = set(_failed_collectives(run.collectives)["rank"].tolist())
+    failed = _failed_ranks(run.collectives)
     lost_peer = {r for r in failed if statuses.get(r, "").startswith("raised")}
     others_done = any(s == "finished" for s in statuses.values()) or bool(lost_peer)
     stopped = {}
     for rank in run.ranks:
         status = statuses[rank]
-        rank_last = int(last[rank]) if last is not None and rank in last.index else -1
+        rank_last = int(last[rank]) if rank in last else -1
         unclean = status.startswith(("raised", "recording stopped")) or (
             status == "running" and others_done
         )
@@ -48,14 +50,24 @@ def check(run: RunSummary) -> list[Finding]:
     return findings
 
 
-def _failed_collectives(collectives: pd.DataFrame) -> pd.DataFrame:
-    """Collectives recorded as failed: labelled "error", or "<label>;error" where they had one."""
-    labels = collectives["label"]
-    if isinstance(labels.dtype, pd.CategoricalDtype):  # test the few categories, not every row
-        bad = [c for c in labels.cat.categories if _failed(str(c))]
-        return collectives[labels.isin(bad)]
-    text = labels.astype("string")
-    return collectives[(text == "error").fillna(False) | text.str.endswith(";error", na=False)]
+def _last_steps(steps: pa.Table) -> dict[int, float]:
+    """Per rank, its last step (NaN where none is known)."""
+    if not steps.num_rows:
+        return {}
+    (ranks,), inverse = groups(values(steps, "rank"))
+    last = np.full(len(ranks), np.nan)
+    np.fmax.at(last, inverse, values(steps, "step", np.float64))
+    return dict(zip(ranks.tolist(), last.tolist(), strict=True))
+
+
+def _failed_ranks(collectives: pa.Table) -> set[int]:
+    """The ranks with a collective recorded as failed: labelled "error", or "<label>;error"
+    where it had one."""
+    if not collectives.num_rows:
+        return set()
+    code, labels = codes(collectives, "label")  # test the few labels, not every row
+    bad = np.flatnonzero([_failed(str(label)) for label in labels])
+    return set(np.unique(values(collectives, "rank")[np.isin(code, bad)]).tolist())
 
 
 def _failed(label: str) -> bool:

@@ -10,46 +10,53 @@ at >= 50% of the later finite fingerprinted steps) or was a one-off. Always an e
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
+import pyarrow as pa
 
+from dtprof.analysis.columns import codes, groups, is_null, rows, values
 from dtprof.analysis.report import Finding
 from dtprof.analysis.summarize import RunSummary
 
 PERSISTENT_SHARE = 0.5
 
 
-def odd_ranks(fingerprints: pd.DataFrame) -> pd.DataFrame:
+def odd_ranks(fingerprints: pa.Table) -> pa.Table:
     """(step, tensor, rank) rows whose fingerprint differs from the majority's."""
-    f = fingerprints.copy()
-    finite = np.isfinite(f["sum"].to_numpy(dtype=float)) & np.isfinite(
-        f["sumsq"].to_numpy(dtype=float)
+    f = fingerprints
+    finite = np.isfinite(values(f, "sum", float)) & np.isfinite(values(f, "sumsq", float))
+    step, null = values(f, "step"), is_null(f, "step")
+    f = rows(f, ~(np.isin(step, step[~finite]) | (null & null[~finite].any())))
+    tensor, _ = codes(f, "tensor")
+    # rows with a null key are in no group (pandas' groupby drops them): never odd
+    keyed = ~is_null(f, "step") & (tensor >= 0)
+    if not keyed.any():
+        return f.slice(0, 0)
+    keys, inverse = groups(
+        values(f, "step")[keyed], tensor[keyed], values(f, "sum")[keyed], values(f, "sumsq")[keyed]
     )
-    bad_steps = set(f.loc[~finite, "step"])
-    f = f[~f["step"].isin(bad_steps)]
-    if f.empty:
-        return f
-    counts = f.groupby(["step", "tensor", "sum", "sumsq"])["rank"].transform("size")
-    majority = counts.groupby([f["step"], f["tensor"]]).transform("max")
-    return f[counts < majority]
+    size = np.bincount(inverse)  # of each distinct (step, tensor, sum, sumsq)
+    _, place = groups(keys[0], keys[1])  # sorted: each (step, tensor) in one run
+    majority = np.maximum.reduceat(size, np.flatnonzero(np.diff(place, prepend=-1)))
+    odd = np.zeros(f.num_rows, bool)
+    odd[keyed] = (size < majority[place])[inverse]
+    return rows(f, odd)
 
 
 def check(run: RunSummary) -> list[Finding]:
     kinds = {m.get("model_kind") for m in run.meta.values()}
-    if kinds != {"ddp"} or run.fingerprints.empty or len(run.ranks) < 2:
+    if kinds != {"ddp"} or not run.fingerprints.num_rows or len(run.ranks) < 2:
         return []
     odd = odd_ranks(run.fingerprints)
-    if odd.empty:
+    if not odd.num_rows:
         return []
-    ranks = sorted(int(r) for r in odd["rank"].unique())
-    first = int(odd["step"].min())
-    finite_steps = sorted(
-        set(run.fingerprints["step"])
-        - set(run.fingerprints.loc[~np.isfinite(run.fingerprints["sum"].astype(float)), "step"])
-    )
+    ranks = np.unique(values(odd, "rank")).tolist()
+    odd_steps = np.unique(values(odd, "step")).tolist()
+    first = odd_steps[0]
+    step = values(run.fingerprints, "step")
+    infinite = ~np.isfinite(values(run.fingerprints, "sum", float))
+    finite_steps = sorted(set(step.tolist()) - set(step[infinite].tolist()))
     later = [s for s in finite_steps if s >= first]
-    odd_steps = sorted(int(s) for s in odd["step"].unique())
     persistent = len(odd_steps) >= PERSISTENT_SHARE * len(later)
-    tensors = sorted(odd.loc[odd["step"] == first, "tensor"].unique().tolist())
+    tensors = sorted(set(values(odd, "tensor")[values(odd, "step") == first].tolist()))
     how = "from then on" if persistent else "once"
     return [
         Finding(

@@ -20,8 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
+import pyarrow as pa
 
+from dtprof.analysis.columns import group_median, groups, rows, values
 from dtprof.analysis.report import Finding
 from dtprof.analysis.summarize import RunSummary
 
@@ -34,34 +35,42 @@ WINDOW_SLOWDOWN = 1.20
 MAX_WINDOWS = 3
 
 
-def warmup_steps(steps: pd.Series) -> int:
+def warmup_steps(steps: np.ndarray) -> int:
     """How many first steps to skip: 10% of them, at least 2."""
-    n = int(steps.nunique())
-    return max(2, n // 10)
+    steps = np.asarray(steps)
+    if steps.dtype.kind == "f":
+        steps = steps[~np.isnan(steps)]
+    return max(2, len(np.unique(steps)) // 10)
 
 
 @dataclass(frozen=True)
 class Arrivals:
     """Who arrived last at each complete collective, and who waited how long, per step."""
 
-    culprits: pd.DataFrame  # step, rank (the last to enter; ties: the lowest), caused_ns
-    waited: pd.DataFrame  # step, rank, wait_ns: each rank's waiting at collectives in the step
-    last_share: pd.Series  # by rank: share of the collectives it entered last (ties count)
+    step: np.ndarray  # per complete collective: its step,
+    culprit: np.ndarray  # the rank that entered it last (ties: the lowest),
+    caused_ns: np.ndarray  # and the others' waiting for it
+    wait_step: np.ndarray  # per (step, member rank), sorted: the step,
+    wait_rank: np.ndarray  # the rank,
+    wait_ns: np.ndarray  # and its waiting at the step's collectives
+    last_share: dict[int, float]  # by rank: share of the collectives it entered last
 
 
-def last_arrival_shares(run: RunSummary, first_step: int) -> pd.Series:
+def last_arrival_shares(run: RunSummary, first_step: int) -> dict[int, float]:
     """By rank: the share of the complete collectives from first_step on that it took part in
     and entered last (a tie counts for every rank in it)."""
-    last_counts, member_rows = pd.Series(dtype="float64"), pd.Series(dtype="float64")
+    last_counts: dict[int, int] = {}
+    member_rows: dict[int, int] = {}
     for g in run.matched:
         keep = g.complete & (g.step >= first_step)
         if not keep.any():
             continue
-        start = g.start[keep]
+        start, kept = g.start[keep], int(keep.sum())
         last = (start == start.max(axis=1, keepdims=True)).sum(axis=0)
-        last_counts = last_counts.add(pd.Series(last, index=g.ranks), fill_value=0)
-        member_rows = member_rows.add(pd.Series(int(keep.sum()), index=g.ranks), fill_value=0)
-    return last_counts / member_rows
+        for rank, n in zip(g.ranks.tolist(), last.tolist(), strict=True):
+            last_counts[rank] = last_counts.get(rank, 0) + n
+            member_rows[rank] = member_rows.get(rank, 0) + kept
+    return {rank: last_counts[rank] / member_rows[rank] for rank in sorted(last_counts)}
 
 
 def arrivals(run: RunSummary, first_step: int) -> Arrivals:
@@ -74,102 +83,125 @@ def arrivals(run: RunSummary, first_step: int) -> Arrivals:
         start, step = g.start[keep], g.step[keep]
         last = start.max(axis=1)
         wait = last[:, None] - start
-        culprits.append(
-            pd.DataFrame(
-                {"step": step, "rank": g.ranks[start.argmax(axis=1)], "caused_ns": wait.sum(axis=1)}
-            )
-        )
+        culprits.append((step, g.ranks[start.argmax(axis=1)], wait.sum(axis=1)))
         order = np.argsort(step, kind="stable")
         steps, bounds = np.unique(step[order], return_index=True)
         per_step = np.add.reduceat(wait[order], bounds, axis=0)
         waited.append(
-            pd.DataFrame(
-                {
-                    "step": np.repeat(steps, len(g.ranks)),
-                    "rank": np.tile(g.ranks, len(steps)),
-                    "wait_ns": per_step.ravel(),
-                }
-            )
+            (np.repeat(steps, len(g.ranks)), np.tile(g.ranks, len(steps)), per_step.ravel())
         )
     shares = last_arrival_shares(run, first_step)
     if not culprits:
-        empty = pd.DataFrame({"step": [], "rank": [], "caused_ns": []}, dtype="int64")
-        return Arrivals(empty, empty.rename(columns={"caused_ns": "wait_ns"}), shares)
-    waits = pd.concat(waited, ignore_index=True).groupby(["step", "rank"], as_index=False).sum()
-    return Arrivals(pd.concat(culprits, ignore_index=True), waits, shares)
+        none = np.zeros(0, np.int64)
+        return Arrivals(none, none, none, none, none, none, shares)
+    step, culprit, caused = (np.concatenate(c) for c in zip(*culprits, strict=True))
+    w_step, w_rank, w_ns = (np.concatenate(c) for c in zip(*waited, strict=True))
+    (wait_step, wait_rank), inverse = groups(w_step, w_rank)
+    wait_ns = _sum(inverse, len(wait_step), w_ns)
+    return Arrivals(step, culprit, caused, wait_step, wait_rank, wait_ns, shares)
+
+
+def _sum(inverse: np.ndarray, n: int, ns: np.ndarray) -> np.ndarray:
+    """Per group, the sum of integer ns, exact."""
+    total = np.zeros(n, np.int64)
+    np.add.at(total, inverse, ns)
+    return total
 
 
 def check(run: RunSummary) -> list[Finding]:
-    if run.world_size < 2 or run.collectives.empty or run.steps.empty:
+    if run.world_size < 2 or not run.collectives.num_rows or not run.steps.num_rows:
         return []
-    skip = warmup_steps(run.steps["step"])
-    steps = run.steps[run.steps["step"] >= skip]
-    if steps["step"].nunique() < MIN_STEPS or steps["compute_ns"].isna().all():
+    skip = warmup_steps(values(run.steps, "step"))
+    steps = rows(run.steps, values(run.steps, "step") >= skip)
+    compute_ns = values(steps, "compute_ns", np.float64)
+    if len(np.unique(values(steps, "step"))) < MIN_STEPS or np.isnan(compute_ns).all():
         return []  # too short, or no phases recorded (no model given to profile())
     arr = arrivals(run, skip)
-    if arr.culprits.empty:
+    if not len(arr.step):
         return []
-    # each step's culprit: the rank that caused the most waiting in it
-    per_step = arr.culprits.groupby(["step", "rank"])["caused_ns"].sum().unstack(fill_value=0)
-    step_culprit = per_step.idxmax(axis=1)
-    caused_by = arr.culprits.groupby("rank")["caused_ns"].sum()
-    suspect = int(caused_by.idxmax())
-    compute = steps.groupby("rank")["compute_ns"].median()
-    slowdown = float(compute[suspect] / compute.median())
+    culprit_steps, step_culprit = _step_culprits(arr)
+    ranks, inverse = np.unique(arr.culprit, return_inverse=True)
+    suspect = int(ranks[np.argmax(_sum(inverse.ravel(), len(ranks), arr.caused_ns))])
+    step_ranks, compute = _by_rank_median(values(steps, "rank"), compute_ns)
+    at = np.searchsorted(step_ranks, suspect)
+    own = compute[at] if at < len(step_ranks) and step_ranks[at] == suspect else np.nan
+    slowdown = float(own / _median(compute))
     share = float((step_culprit == suspect).mean())
     if share >= CHRONIC_SHARE and slowdown >= WARN_SLOWDOWN:
         return [_finding(run, steps, arr, suspect, slowdown, chronic=True, share=share)]
-    return _transient(run, steps, arr, step_culprit)
+    return _transient(run, steps, arr, culprit_steps, step_culprit)
+
+
+def _step_culprits(arr: Arrivals) -> tuple[np.ndarray, np.ndarray]:
+    """The steps with collectives, and each one's culprit: the rank that caused the most waiting
+    in it, the lowest of equals; in a step where none caused any, the lowest culprit of all (the
+    first column of a step x rank table of the waiting caused)."""
+    (step, rank), inverse = groups(arr.step, arr.culprit)
+    caused = _sum(inverse, len(step), arr.caused_ns)
+    order = np.lexsort((-caused, step))  # stable: ranks ascending among equals
+    top = order[np.r_[True, np.diff(step[order]) != 0]]
+    culprit = np.where(caused[top] > 0, rank[top], rank.min())
+    return step[top], culprit
+
+
+def _median(x: np.ndarray) -> np.float64:
+    """The median of the values that are not NaN; NaN where none."""
+    x = x[~np.isnan(x)]
+    return np.median(x) if len(x) else np.float64(np.nan)
 
 
 def _transient(
-    run: RunSummary, steps: pd.DataFrame, arr: Arrivals, step_culprit: pd.Series
+    run: RunSummary,
+    steps: pa.Table,
+    arr: Arrivals,
+    culprit_steps: np.ndarray,
+    step_culprit: np.ndarray,
 ) -> list[Finding]:
     """Windows of consecutive steps with one slow last arriver."""
     step_no, rank_no, compute = _compute_matrix(steps)
-    culprit = step_culprit.reindex(step_no)
-    known = culprit.notna().to_numpy()
-    cols = pd.Index(rank_no).get_indexer(culprit.fillna(-1).astype(int))
-    own = np.where(known & (cols >= 0), compute[np.arange(len(cols)), cols], np.nan)
+    # check() saw compute: every step of the matrix has some, and there are steps with culprits
+    at = np.minimum(np.searchsorted(culprit_steps, step_no), len(culprit_steps) - 1)
+    culprit = np.where(culprit_steps[at] == step_no, step_culprit[at], -1)
+    col = np.minimum(np.searchsorted(rank_no, culprit), len(rank_no) - 1)
+    own = np.where(rank_no[col] == culprit, compute[np.arange(len(col)), col], np.nan)
     with np.errstate(all="ignore"):
-        ratio = own / np.nanmedian(compute, axis=1) if compute.size else own
+        ratio = own / np.nanmedian(compute, axis=1)
     flagged = ratio >= WARN_SLOWDOWN
     # runs of flagged steps with the same culprit, steps consecutive
-    who = np.where(flagged, culprit.fillna(-1).to_numpy(), -1)
+    who = np.where(flagged, culprit, -1)
     breaks = np.r_[True, (who[1:] != who[:-1]) | (np.diff(step_no) != 1)]
     starts = np.flatnonzero(breaks)
     ends = np.r_[starts[1:], len(who)] - 1
     culprit_runs = who[starts] >= 0
     first, last = starts[culprit_runs], ends[culprit_runs]
-    runs = pd.DataFrame(
-        {
-            "rank": who[first],
-            "first": step_no[first],
-            "last": step_no[last],
-            "n": last - first + 1,
-            "slowdown": [np.median(ratio[a : b + 1]) for a, b in zip(first, last, strict=True)],
-        }
-    )
-    runs = runs[(runs["n"] >= WINDOW_STEPS) & (runs["slowdown"] >= WINDOW_SLOWDOWN)]
+    n = last - first + 1
+    slowdown = np.array([np.median(ratio[a : b + 1]) for a, b in zip(first, last, strict=True)])
+    wanted = (n >= WINDOW_STEPS) & (slowdown >= WINDOW_SLOWDOWN)
+    first, last, n, slowdown = first[wanted], last[wanted], n[wanted], slowdown[wanted]
+    # the longest first, as pandas' sort_values(ascending=False) ordered them (quicksort of
+    # the reversed lengths, reversed): which of equally long windows make the cut
+    longest = np.arange(len(n))[::-1][n[::-1].argsort(kind="quicksort")][::-1]
     findings = []
-    for w in runs.sort_values("n", ascending=False).head(MAX_WINDOWS).itertuples():
-        window = steps[steps["step"].between(w.first, w.last)]
+    step = values(steps, "step")
+    for i in longest[:MAX_WINDOWS]:
+        window = rows(steps, (step >= step_no[first[i]]) & (step <= step_no[last[i]]))
+        rank = int(who[first[i]])
         findings.append(
-            _finding(run, window, arr, int(w.rank), float(w.slowdown), chronic=False, share=1.0)
+            _finding(run, window, arr, rank, float(slowdown[i]), chronic=False, share=1.0)
         )
     return sorted(findings, key=lambda f: f.first_step or 0)
 
 
-def _compute_matrix(steps: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _compute_matrix(steps: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Compute ns by step (rows) and rank (columns), both sorted, NaN where a rank has none;
-    steps and ranks without any value left out (``pivot_table``'s mean, without its cost)."""
-    values = steps["compute_ns"].to_numpy(np.float64)
-    has = ~np.isnan(values)
-    step_no, row = np.unique(steps["step"].to_numpy()[has], return_inverse=True)
-    rank_no, col = np.unique(steps["rank"].to_numpy()[has], return_inverse=True)
+    steps and ranks without any value left out (a pivot table of the mean)."""
+    compute = values(steps, "compute_ns", np.float64)
+    has = ~np.isnan(compute)
+    step_no, row = np.unique(values(steps, "step")[has], return_inverse=True)
+    rank_no, col = np.unique(values(steps, "rank")[has], return_inverse=True)
     total = np.zeros((len(step_no), len(rank_no)))
     count = np.zeros((len(step_no), len(rank_no)))
-    np.add.at(total, (row, col), values[has])
+    np.add.at(total, (row, col), compute[has])
     np.add.at(count, (row, col), 1)
     with np.errstate(invalid="ignore"):
         return step_no, rank_no, total / count
@@ -177,7 +209,7 @@ def _compute_matrix(steps: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.nda
 
 def _finding(
     run: RunSummary,
-    steps: pd.DataFrame,
+    steps: pa.Table,
     arr: Arrivals,
     suspect: int,
     slowdown: float,
@@ -186,20 +218,25 @@ def _finding(
     share: float,
 ) -> Finding:
     """The finding for one culprit over the given steps, with its cost and a what-if."""
-    in_steps = steps["step"].unique()
-    culprits = arr.culprits[arr.culprits["step"].isin(in_steps)]
-    caused_s = float(culprits.loc[culprits["rank"] == suspect, "caused_ns"].sum()) / 1e9
+    step, rank = values(steps, "step"), values(steps, "rank")
+    compute = values(steps, "compute_ns", np.float64)
+    (in_steps,), by_step = groups(step)
+    culprits = np.isin(arr.step, in_steps)
+    caused_s = float(arr.caused_ns[culprits & (arr.culprit == suspect)].sum()) / 1e9
     # what-if: the culprit at the median compute; the others wait at most that much less
-    median = steps.groupby("step")["compute_ns"].median()
-    step_ns = steps.groupby("step")["step_ns"].median()
-    excess = steps[steps["rank"] == suspect].set_index("step")["compute_ns"] - median
-    waited = arr.waited[(arr.waited["rank"] != suspect) & arr.waited["step"].isin(in_steps)]
-    waited = waited.groupby("step")["wait_ns"].max().reindex(step_ns.index, fill_value=0)
-    saving = np.minimum(excess.reindex(step_ns.index).clip(lower=0).fillna(0), waited)
-    speedup = float(step_ns.sum() / (step_ns - saving).sum())
+    median = group_median(by_step, len(in_steps), compute)
+    step_ns = group_median(by_step, len(in_steps), values(steps, "step_ns", np.float64))
+    own = np.full(len(in_steps), np.nan)
+    own[by_step[rank == suspect]] = compute[rank == suspect]
+    excess = own - median
+    others = (arr.wait_rank != suspect) & np.isin(arr.wait_step, in_steps)
+    waited = np.zeros(len(in_steps), np.int64)  # waiting is never negative: 0 where none
+    np.maximum.at(waited, np.searchsorted(in_steps, arr.wait_step[others]), arr.wait_ns[others])
+    saving = np.minimum(np.where(np.isnan(excess), 0.0, np.maximum(excess, 0)), waited)
+    speedup = float(np.nansum(step_ns) / np.nansum(step_ns - saving))
     first, last = int(in_steps.min()), int(in_steps.max())
     host = run.meta[suspect].get("host", "?")
-    matched = len(culprits)
+    matched = int(culprits.sum())
     last_share = float(arr.last_share.get(suspect, 0.0))
     if chronic:
         severity = "error" if slowdown >= ERROR_SLOWDOWN else "warning"
@@ -242,8 +279,14 @@ def _finding(
             "steps_last": round(share, 4),
             "collectives_matched": matched,
             "median_compute_ms": {
-                int(r): round(v / 1e6, 3)
-                for r, v in steps.groupby("rank")["compute_ns"].median().items()
+                r: round(v / 1e6, 3)
+                for r, v in zip(*(a.tolist() for a in _by_rank_median(rank, compute)), strict=True)
             },
         },
     )
+
+
+def _by_rank_median(rank: np.ndarray, compute: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The ranks, sorted, and the median of each one's compute ns."""
+    (ranks,), inverse = groups(rank)
+    return ranks, group_median(inverse, len(ranks), compute)

@@ -1,0 +1,117 @@
+"""numpy views of the summaries' Arrow tables, and the group-bys the checks share.
+
+The summaries are Arrow tables (the trace's own format); the checks compute on numpy arrays
+of their columns. Rules kept from pandas, which the analyzer used before: text columns are
+object arrays, integers with nulls are floats with NaN, and a median skips NaN.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+
+def values(t: pa.Table, name: str, dtype: type | np.dtype | None = None) -> np.ndarray:
+    """A column as numpy: numbers as they are (integers with nulls as floats, NaN), text as
+    objects, None where null (a dictionary column decoded, each distinct string shared)."""
+    column = t.column(name)
+    if pa.types.is_dictionary(column.type):
+        code, names = codes(t, name)
+        out = np.concatenate([names, np.array([None], object)])[code]  # -1 (null): None
+    else:
+        out = column.to_numpy()
+    return out if dtype is None else out.astype(dtype, copy=False)
+
+
+def is_null(t: pa.Table, name: str) -> np.ndarray:
+    """Mask of the rows where a column is null."""
+    column = t.column(name)
+    if not column.null_count:
+        return np.zeros(t.num_rows, bool)
+    return column.is_null().to_numpy()
+
+
+def codes(t: pa.Table, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """A text column as integer codes (-1: null) and the names they stand for."""
+    column = t.column(name)
+    if not pa.types.is_dictionary(column.type):
+        column = pc.dictionary_encode(column)
+    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if isinstance(array, pa.ChunkedArray):  # no chunks at all
+        return np.zeros(0, np.int64), np.zeros(0, object)
+    code = pc.fill_null(array.indices, -1).to_numpy().astype(np.int64, copy=False)
+    return code, np.asarray(array.dictionary.to_numpy(zero_copy_only=False), dtype=object)
+
+
+def rows(t: pa.Table, mask: np.ndarray) -> pa.Table:
+    """The rows of a mask (t itself when it keeps them all)."""
+    return t if mask.all() else t.filter(mask)
+
+
+def groups(*keys: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
+    """The distinct key tuples in sorted order (one array per key), and each row's group."""
+    if len(keys) == 1:
+        distinct, inverse = np.unique(keys[0], return_inverse=True)
+        return [distinct], inverse.ravel()
+    parts = [np.unique(k, return_inverse=True) for k in keys]
+    combined = np.zeros(len(keys[0]), np.int64)
+    for distinct, inverse in parts:
+        combined = combined * len(distinct) + inverse.ravel()
+    used, inverse = np.unique(combined, return_inverse=True)
+    out = []
+    for distinct, _ in reversed(parts):
+        out.append(distinct[used % len(distinct)])
+        used = used // len(distinct)
+    return out[::-1], inverse.ravel()
+
+
+def group_sum(inverse: np.ndarray, n: int, weights: np.ndarray, min_count: int = 0) -> np.ndarray:
+    """Per group, the sum of the values that are not NaN; NaN where fewer than min_count."""
+    weights = np.asarray(weights, np.float64)
+    known = ~np.isnan(weights)
+    total = np.bincount(inverse[known], weights=weights[known], minlength=n).astype(np.float64)
+    if min_count:
+        total[np.bincount(inverse[known], minlength=n) < min_count] = np.nan
+    return total
+
+
+def group_median(inverse: np.ndarray, n: int, data: np.ndarray) -> np.ndarray:
+    """Per group, the median of the values that are not NaN; NaN where none."""
+    data = np.asarray(data, np.float64)
+    known = ~np.isnan(data)
+    group, data = inverse[known], data[known]
+    order = np.lexsort((data, group))
+    group, data = group[order], data[order]
+    count = np.bincount(group, minlength=n)
+    first = np.concatenate([[0], np.cumsum(count)[:-1]])
+    out = np.full(n, np.nan)
+    has = count > 0
+    lo = first[has] + (count[has] - 1) // 2
+    hi = first[has] + count[has] // 2
+    out[has] = (data[lo] + data[hi]) / 2
+    return out
+
+
+def concat(tables: Sequence[pa.Table]) -> pa.Table:
+    """Tables of one kind in one, each column in one chunk (text columns of dictionaries
+    merged), so that the checks' numpy views of it copy nothing."""
+    tables = [t for t in tables if t.num_columns]
+    if not tables:
+        return pa.table({})
+    if len(tables) == 1:
+        return tables[0]
+    return pa.concat_tables(tables).combine_chunks()
+
+
+def sort_order(t: pa.Table, name: str) -> np.ndarray:
+    """The rows' order by one column as pandas' sort_values gave it: numpy's quicksort of the
+    values that are not null (ties in its order, not the rows'), then the nulls."""
+    null = is_null(t, name)
+    if not null.any():
+        return np.argsort(values(t, name), kind="quicksort")
+    known = np.flatnonzero(~null)
+    order = np.argsort(values(t, name)[known], kind="quicksort")
+    return np.concatenate([known[order], np.flatnonzero(null)])
