@@ -91,7 +91,7 @@ def scan():
 thread = threading.Thread(target=scan)
 thread.start()
 cli._OWN_PROCESS = True
-with cli._importing():
+with cli._pandas_held_back(), cli._importing():  # as analyze imports them
     from dtprof.analysis import analyze
     from dtprof.analysis.render import markdown, text
 scan()

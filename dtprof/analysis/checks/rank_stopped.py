@@ -67,6 +67,8 @@ def _failed_ranks(collectives: pa.Table) -> set[int]:
         return set()
     code, labels = codes(collectives, "label")  # test the few labels, not every row
     bad = np.flatnonzero([_failed(str(label)) for label in labels])
+    if not len(bad):
+        return set()
     return set(np.unique(values(collectives, "rank")[np.isin(code, bad)]).tolist())
 
 
