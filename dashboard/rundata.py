@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dashboard.rows import Rows
-from dtprof.analysis.columns import values
+from dtprof.analysis.columns import steps_between, values
 from dtprof.analysis.summarize import LAST_SPAN_COLUMNS, RunSummary, combine, summarize_frames
 from dtprof.trace.reader import clock_params, rank_table, table_frame
 from dtprof.trace.schema import TABLES
@@ -47,6 +47,20 @@ class RunData:
     def frame(self, name: str) -> pd.DataFrame:
         """One of the run's tables (steps, actions, collectives, ...) as pandas."""
         return self.cached(f"frame {name}", lambda: frame(getattr(self.run, name)))
+
+    def window_frame(
+        self,
+        name: str,
+        steps: tuple[int | None, int | None],
+        equal: tuple[str, str] | None = None,
+    ) -> pd.DataFrame:
+        """One of the run's tables cut to a step window (and to the rows whose column ``equal[0]``
+        is ``equal[1]``), then as pandas: a window of a large run's collectives or one metric
+        of its memory, not all of them (each request; nothing kept)."""
+        table = getattr(self.run, name)
+        if equal is not None and table.num_rows:
+            table = table.filter(pc.equal(table.column(equal[0]), equal[1]))
+        return frame(steps_between(table, *steps))
 
     @property
     def ranks(self) -> list[int]:

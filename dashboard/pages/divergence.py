@@ -15,17 +15,17 @@ from dashboard import figures, heatmaps
 from dashboard.components import graph, note, window_controls
 from dashboard.links import parse_ranks, parse_steps
 from dashboard.rundata import RunData
-from dashboard.shape import band, grid, only_ranks, window
+from dashboard.shape import band, grid, only_ranks
 from dashboard.source import Snapshot
 from dtprof.analysis.checks.replica_divergence import odd_ranks
-from dtprof.analysis.columns import values
+from dtprof.analysis.columns import distinct
 
 PATH = "/divergence"
 TITLE = "Divergence"
 
 
 def scalar_names(data: RunData) -> list[str]:
-    names = sorted(set(values(data.run.scalars, "name")))
+    names = sorted(distinct(data.run.scalars, "name"))
     return sorted(names, key=lambda n: "loss" not in n)  # the loss first
 
 
@@ -33,8 +33,7 @@ def scalar_lines(
     data: RunData, name: str, ranks: list[int] | None, steps: tuple[int | None, int | None]
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The finite values as lines, and the non-finite ones as markers (y: that step's median)."""
-    s = data.frame("scalars")
-    rows = only_ranks(window(s[s["name"] == name], steps), ranks)
+    rows = only_ranks(data.window_frame("scalars", steps, equal=("name", name)), ranks)
     finite = np.isfinite(rows["value"].to_numpy(dtype=float))
     lines = band(rows[finite][["rank", "step", "value"]])
     bad = rows[~finite]

@@ -13,23 +13,22 @@ from dashboard.components import graph, note, window_controls
 from dashboard.held import NVML_PREFIX
 from dashboard.links import parse_ranks, parse_steps
 from dashboard.rundata import RunData
-from dashboard.shape import band, only_ranks, window
+from dashboard.shape import band, only_ranks
 from dashboard.source import Snapshot
-from dtprof.analysis.columns import values
+from dtprof.analysis.columns import distinct
 
 PATH = "/memory"
 TITLE = "Memory & GPU"
 
 
 def memory_metrics(data: RunData) -> list[str]:
-    return sorted(set(values(data.run.memory, "metric")))
+    return sorted(distinct(data.run.memory, "metric"))
 
 
 def memory_lines(
     data: RunData, metric: str, ranks: list[int] | None, steps: tuple[int | None, int | None]
 ) -> pd.DataFrame:
-    mem = data.frame("memory")
-    rows = only_ranks(window(mem[mem["metric"] == metric], steps), ranks)
+    rows = only_ranks(data.window_frame("memory", steps, equal=("metric", metric)), ranks)
     return band(rows.assign(value=rows["value"] / 2**30))
 
 

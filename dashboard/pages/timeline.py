@@ -38,7 +38,7 @@ def bars(
     t_ms, is_last, hover), times in ms from the window's first step start; and that start."""
     row = {r: i for i, r in enumerate(ranks)}
     spans = data.rows.spans(ranks, steps)
-    coll_all = _plain(window(data.frame("collectives"), steps))
+    coll_all = _plain(data.window_frame("collectives", steps))
     coll = only_ranks(coll_all, ranks)
     in_steps = only_ranks(window(data.steps, steps), ranks)
     t0 = float(in_steps["start_ns"].min()) if not in_steps.empty else float(spans["start_ns"].min())

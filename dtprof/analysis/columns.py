@@ -8,6 +8,7 @@ object arrays, integers with nulls are floats with NaN, and a median skips NaN.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -24,6 +25,11 @@ def values(t: pa.Table, name: str, dtype: type | np.dtype | None = None) -> np.n
     else:
         out = column.to_numpy()
     return out if dtype is None else out.astype(dtype, copy=False)
+
+
+def distinct(t: pa.Table, name: str) -> list[Any]:
+    """A column's distinct values that are not null, as Python values (no object per row)."""
+    return pc.unique(t.column(name)).drop_null().to_pylist()
 
 
 def is_null(t: pa.Table, name: str) -> np.ndarray:
@@ -50,6 +56,20 @@ def codes(t: pa.Table, name: str) -> tuple[np.ndarray, np.ndarray]:
 def rows(t: pa.Table, mask: np.ndarray) -> pa.Table:
     """The rows of a mask (t itself when it keeps them all)."""
     return t if mask.all() else t.filter(mask)
+
+
+def steps_between(t: pa.Table, first: int | None, last: int | None) -> pa.Table:
+    """The rows with first <= step < last (None: open on that side; a table without a step
+    column whole)."""
+    if not t.num_rows or "step" not in t.column_names or first is last is None:
+        return t
+    step = values(t, "step")
+    mask = np.ones(len(step), bool)
+    if first is not None:
+        mask &= step >= first
+    if last is not None:
+        mask &= step < last
+    return rows(t, mask)
 
 
 def groups(*keys: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:

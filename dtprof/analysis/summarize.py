@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dtprof.analysis.columns import concat, is_null, rows, values
+from dtprof.analysis.columns import concat, is_null, rows, steps_between, values
 from dtprof.analysis.gpu import GPU_PHASE, Kernels, kernel_figures
 from dtprof.analysis.matching import GroupMatrix, match
 from dtprof.beside import run_beside
@@ -317,15 +317,7 @@ class RunSummary:
         """The per-step tables cut to first <= step < last (None: open on that side)."""
 
         def keep(t: pa.Table) -> pa.Table:
-            if not t.num_rows or "step" not in t.column_names:
-                return t
-            step = values(t, "step")
-            mask = np.ones(len(step), bool)
-            if first is not None:
-                mask &= step >= first
-            if last is not None:
-                mask &= step < last
-            return rows(t, mask)
+            return steps_between(t, first, last)
 
         return replace(
             self,
