@@ -8,8 +8,6 @@ of a large trace is still being read.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import os
 import threading
 import time
@@ -27,7 +25,13 @@ from dashboard.rundata import RunData, empty, samples_frame, steps_only
 from dtprof.analysis import PROCESSES_FROM, map_ranks
 from dtprof.analysis.checks import CHECKS
 from dtprof.analysis.report import Finding
-from dtprof.analysis.summarize import RunSummary, combine, per_folder, ranks_without_trace
+from dtprof.analysis.summarize import (
+    RunSummary,
+    combine,
+    per_folder,
+    ranks_without_trace,
+    release_memory,
+)
 from dtprof.errors import DtprofError
 from dtprof.trace.follow import Delta, TraceFollower
 from dtprof.trace.reader import clock_params, rank_table
@@ -65,13 +69,6 @@ def run_checks(run: RunSummary) -> tuple[list[Finding], list[str]]:
         except Exception as exc:  # a live trace may be cut mid-step; say so, keep the others
             failed.append(f"{check.__module__.rsplit('.', 1)[-1]}: {type(exc).__name__}")
     return findings, failed
-
-
-def release_memory() -> None:
-    """Give the C heap's freed pages back to the system (glibc keeps them otherwise, and the
-    many small per-rank arrays just dropped would stay counted in the process's memory)."""
-    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to give back
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def empty_snapshot(mode: str, status: str) -> Snapshot:

@@ -24,6 +24,7 @@ from dtprof.analysis.summarize import (
     RunSummary,
     combine,
     ranks_without_trace,
+    release_memory,
     summarize_folders,
     summarize_ranks,
 )
@@ -103,6 +104,8 @@ def _analyze(
     run = _window(combine(summaries), steps)
     run = replace(run, without_trace=ranks_without_trace(run, ranks))
     del summaries  # the per-rank tables: the combined ones replace them
+    if sum(t.num_rows for t in (run.steps, run.phases, run.collectives)) >= RELEASE_FROM_ROWS:
+        release_memory()
     findings = [finding for check in CHECKS for finding in check(run)]
     if progress and time.monotonic() - started > PROGRESS_AFTER_S:
         print(
@@ -114,6 +117,7 @@ def _analyze(
     return Report(trace=_trace_info(root, run), summary=_summary(run), findings=findings)
 
 
+RELEASE_FROM_ROWS = 1_000_000  # a run this large gives back the heap its parts held
 PROCESSES_FROM = 32  # ranks; below that, starting processes costs more than it saves
 PROGRESS_AFTER_S = 1.0  # loading that takes longer shows its progress on stderr
 

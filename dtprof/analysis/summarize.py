@@ -347,6 +347,16 @@ def ranks_without_trace(run: RunSummary, ranks: Sequence[int] | None = None) -> 
     return sorted(wanted - set(run.ranks))
 
 
+def release_memory() -> None:
+    """Give the C heap's freed pages back to the system. glibc keeps them otherwise: the
+    per-rank summaries that came back from worker processes, dropped once combined, stayed
+    resident (2.6 GiB of them at 1024 ranks x 1000 steps)."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to give back
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
 def summarize_ranks(folders: Sequence[str | Path]) -> RunSummary:
     """summarize_rank on a few rank folders, combined: one task for a worker process, so that
     the concatenation happens in the workers and fewer, larger parts travel back."""
