@@ -585,11 +585,19 @@ print(type(pyarrow.table({"a": [1]}).to_pandas()).__name__)  # pandas where it i
 
 
 def test_analyze_never_imports_pandas_but_arrow_still_reaches_it(tmp_path: Path) -> None:
+    from tests.test_flight import _entry, _write
     from tests.test_kineto import two_ranks
 
     _ddp_like(tmp_path / "slow", {0: 20.0, 1: 26.0, 2: 20.0})
+    (tmp_path / "fr").mkdir()  # Flight Recorder dumps: rank 1 called another collective
+    config = {"1": {"name": "1", "desc": "default_pg", "ranks": "[0, 1, 2]"}}
+    for rank, last in ((0, "all_reduce"), (1, "all_gather"), (2, "all_reduce")):
+        entries = [_entry(1, "completed"), _entry(2, "completed", last)]
+        dump = {"version": "2.10", "pg_config": config, "entries": entries}
+        _write(tmp_path / "fr" / f"nccl_trace_rank_{rank}", dump)
     env = dict(os.environ, DTPROF_CACHE_DIR=str(tmp_path / "cache"))
-    for trace, code in ((tmp_path / "slow", 1), (two_ranks(tmp_path / "k"), 0)):
+    kinds = ((tmp_path / "slow", 1), (two_ranks(tmp_path / "k"), 0), (tmp_path / "fr", 1))
+    for trace, code in kinds:
         cmd = [sys.executable, "-c", PANDAS_PROBE, str(trace), "--format", "json"]
         done = subprocess.run(cmd, capture_output=True, text=True, env=env)
         assert done.returncode == 0, done.stderr

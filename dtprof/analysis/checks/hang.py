@@ -21,16 +21,10 @@ import pyarrow as pa
 from dtprof.analysis.columns import codes, groups, is_null, rows, values
 from dtprof.analysis.report import Finding
 from dtprof.analysis.summarize import RunSummary
+from dtprof.trace.reader import INFLIGHT_SCHEMA
 
-ENTERED = pa.schema(
-    [
-        ("rank", pa.int32()),
-        ("step", pa.int64()),
-        ("group", pa.string()),
-        ("seq", pa.int64()),
-        ("op", pa.string()),
-    ]
-)
+# what a rank was in: of its inflight.json rows, or of the hang events that name them
+ENTERED = pa.schema([INFLIGHT_SCHEMA.field(c) for c in ("rank", "step", "group", "seq", "op")])
 
 
 def _entered(run: RunSummary) -> pa.Table:
