@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 from dashboard.rows import Rows
 from dtprof.analysis.columns import steps_between, values
 from dtprof.analysis.summarize import LAST_SPAN_COLUMNS, RunSummary, combine, summarize_frames
-from dtprof.trace.reader import clock_params, rank_table, table_frame
+from dtprof.trace.reader import arrow_frame, clock_params, rank_table, table_frame
 from dtprof.trace.schema import TABLES
 
 
@@ -77,15 +77,9 @@ class RunData:
 
 
 def frame(table: pa.Table) -> pd.DataFrame:
-    """An Arrow table as pandas, as the analysis made its frames: dictionaries as categories,
-    integers with nulls as nullable integers (as floats, times near 1.7e18 ns would round)."""
-    df = table.to_pandas()
-    for name, column in zip(table.column_names, table.columns, strict=True):
-        if column.null_count and pa.types.is_integer(column.type):
-            df[name] = pd.arrays.IntegerArray(
-                pc.fill_null(column, 0).to_numpy(), column.is_null().to_numpy()
-            )
-    return df
+    """A summary table as pandas, as the analysis made its frames (integers with nulls
+    nullable, dictionaries as categories)."""
+    return arrow_frame(table, table.column_names)
 
 
 def samples_frame(samples: dict[int, pa.Table], meta: dict[int, dict[str, Any]]) -> pd.DataFrame:

@@ -11,6 +11,7 @@ import functools
 import json
 import os
 import stat
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -383,19 +384,22 @@ def table_frame(
     table: Table, by_rank: list[tuple[int, pa.Table]], params: dict[int, ClockParams]
 ) -> pd.DataFrame:
     """rank_table() as pandas: times with nulls stay integers (nullable)."""
-    return _frame(rank_table(table, by_rank, params), table.time_columns)
+    return arrow_frame(rank_table(table, by_rank, params), table.time_columns)
 
 
-def _frame(data: pa.Table, times: tuple[str, ...] | list[str]) -> pd.DataFrame:
+def arrow_frame(data: pa.Table, integers: Sequence[str]) -> pd.DataFrame:
+    """An Arrow table as pandas: int16 and int32 columns (peer, stage, microbatch) as nullable
+    integers but the rank, those of ``integers`` that hold nulls too (as floats, times near
+    1.7e18 ns would round), dictionaries as categories."""
     import pandas as pd
 
     ranks = data.column("rank").to_numpy() if "rank" in data.column_names else None
     df = data.to_pandas(types_mapper=_nullable_ints().get)
     if ranks is not None:  # never null: plain int32, not the nullable kind
         df["rank"] = ranks
-    for name in times:  # with nulls: nullable integers, not floats
+    for name in integers:  # with nulls: nullable integers, not floats
         column = data.column(name) if name in data.column_names else None
-        if column is not None and column.null_count:
+        if column is not None and column.null_count and pa.types.is_integer(column.type):
             values = pc.fill_null(column, 0).to_numpy()
             missing = column.is_null().to_numpy(zero_copy_only=False)
             df[name] = pd.arrays.IntegerArray(values, missing)
@@ -424,7 +428,7 @@ def inflight_frame(
     by_rank: list[tuple[int, list[dict[str, Any]]]], params: dict[int, ClockParams]
 ) -> pd.DataFrame:
     """inflight_table() as pandas."""
-    return _frame(inflight_table(by_rank, params), ["start_ns"]).astype(INFLIGHT_DTYPES)
+    return arrow_frame(inflight_table(by_rank, params), ["start_ns"]).astype(INFLIGHT_DTYPES)
 
 
 def _load_rank(folder: Path) -> tuple[dict[str, Any], dict[str, pa.Table], list[Any]]:
