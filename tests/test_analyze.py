@@ -133,7 +133,13 @@ def test_a_rank_killed_early_is_reported(tmp_path: Path) -> None:
         )
     (finding,) = analyze(tmp_path).findings
     assert (finding.code, finding.ranks) == ("rank-stopped", [1])
-    assert finding.evidence == {"last_step": 3, "furthest_step": 9, "status": "running"}
+    assert finding.evidence == {
+        "last_step": 3,
+        "alive_until_step": 3,
+        "furthest_step": 9,
+        "status": "running",
+        "exception": None,
+    }
 
 
 def test_a_rank_killed_with_its_last_steps_unwritten_is_still_the_cause(tmp_path: Path) -> None:
@@ -160,7 +166,13 @@ def test_a_rank_killed_with_its_last_steps_unwritten_is_still_the_cause(tmp_path
         10,
         10,
     )
-    assert killed.evidence == {"last_step": 9, "furthest_step": 9, "status": "running"}
+    assert killed.evidence == {
+        "last_step": 9,
+        "alive_until_step": 9,
+        "furthest_step": 9,
+        "status": "running",
+        "exception": None,
+    }
     assert (follower.ranks, follower.severity, follower.evidence["after"]) == ([0], "warning", [1])
 
 

@@ -142,3 +142,16 @@ def sort_order(t: pa.Table, name: str) -> np.ndarray:
     known = np.flatnonzero(~null)
     order = np.argsort(values(t, name)[known], kind="quicksort")
     return np.concatenate([known[order], np.flatnonzero(null)])
+
+
+def group_union_ns(group: np.ndarray, n: int, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Per group, the length of the union of its [start, end) intervals, by a sorted sweep of
+    their edges (each group's depth comes back to 0 at its last edge)."""
+    real = end > start
+    group = np.concatenate([group[real], group[real]])
+    t = np.concatenate([start[real], end[real]])
+    depth = np.repeat(np.array([1, -1]), real.sum())
+    order = np.lexsort((t, group))
+    group, t, depth = group[order], t[order], np.cumsum(depth[order])
+    inside = depth[:-1] > 0
+    return np.bincount(group[:-1][inside], weights=np.diff(t)[inside], minlength=n)

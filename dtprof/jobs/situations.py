@@ -67,6 +67,24 @@ def data_stall(args: argparse.Namespace) -> None:
     train_loop(args, model, opt, in_data=in_data)
 
 
+def fault(args: argparse.Namespace) -> None:
+    """DDP with one fault planted (``--fault``, dtprof.jobs.faults) on ``--culprit`` from
+    ``--onset`` on; ``--fault none`` is a healthy run."""
+    from dtprof.jobs.faults import DdpFault
+    from dtprof.jobs.worker import train_loop
+
+    model, opt = _ddp(args)
+    planted = DdpFault(args, model)
+    train_loop(
+        args,
+        model,
+        opt,
+        before_forward=planted.before_forward,
+        on_loss=planted.on_loss,
+        in_data=planted.in_data,
+    )
+
+
 def divergence(args: argparse.Namespace) -> None:
     """One replica's weights perturbed at one step; a non-finite loss on another rank later."""
     from dtprof.jobs.worker import train_loop
@@ -123,7 +141,8 @@ def fsdp2(args: argparse.Namespace) -> None:
 
 def pipeline(args: argparse.Namespace) -> None:
     """A pipeline run by ``--schedule`` with ``--microbatches``: one stage per rank for gpipe
-    and 1f1b, two (looped placement) for interleaved and zero-bubble."""
+    and 1f1b, two (looped placement) for interleaved and zero-bubble; ``--fault slow-stage``
+    makes ``--culprit``'s stages ``--magnitude`` slower."""
     from torch.distributed import pipelining as pp
 
     single = {"gpipe": pp.ScheduleGPipe, "1f1b": pp.Schedule1F1B}
@@ -131,18 +150,10 @@ def pipeline(args: argparse.Namespace) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     per_rank = 1 if args.schedule in single else 2
     n_stages = per_rank * world
-    width = args.width
-    # the whole model's device time, shared by its 2 * n_stages hidden layers
-    per_row = args.device_ms / 1000 / args.batch / (2 * n_stages)
     stages: list[Any] = []
     params: list[nn.Parameter] = []
     for index in range(rank, n_stages, world):
-        torch.manual_seed(1000 * args.seed + index)
-        block = nn.Sequential()
-        for _ in range(2):
-            block.extend([nn.Linear(width, width), *models.device_time(per_row), nn.ReLU()])
-        if index == n_stages - 1:
-            block.append(nn.Linear(width, 16))
+        block = _stage_block(args, index, n_stages, slow=args.fault == "slow-stage")
         stages.append(pp.PipelineStage(block, index, n_stages, torch.device("cpu")))
         params += list(block.parameters())
     loss_fn = nn.CrossEntropyLoss()
@@ -152,9 +163,61 @@ def pipeline(args: argparse.Namespace) -> None:
     else:
         schedule = multi[args.schedule](stages, args.microbatches, loss_fn=loss_fn)
     opt = torch.optim.SGD(params, lr=0.01)
-    data = models.Batches(0, args.batch, width, seed=args.seed)
-    has_first = any(s.stage_index == 0 for s in stages)
-    has_last = any(s.stage_index == n_stages - 1 for s in stages)
+    _pipeline_loop(args, schedule, opt, [s.stage_index for s in stages], n_stages, 0)
+
+
+def pipeline_fsdp(args: argparse.Namespace) -> None:
+    """A 2-D job: two pipeline stages (1F1B, ``--microbatches``) over one DeviceMesh dimension,
+    FSDP2 over the other (world / 2 ranks per stage); ``--fault slow-rank`` makes
+    ``--culprit``'s device ``--magnitude`` slower."""
+    from torch.distributed import pipelining as pp
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    n_stages = 2
+    mesh = init_device_mesh(
+        "cpu", (n_stages, dist.get_world_size() // n_stages), mesh_dim_names=("pp", "dp")
+    )
+    index = mesh.get_local_rank("pp")
+    block = _stage_block(args, index, n_stages, slow=args.fault == "slow-rank")
+    fully_shard(block, mesh=mesh["dp"])
+    stage = pp.PipelineStage(
+        block, index, n_stages, torch.device("cpu"), group=mesh.get_group("pp")
+    )
+    schedule = pp.Schedule1F1B(stage, args.microbatches, loss_fn=nn.CrossEntropyLoss())
+    opt = torch.optim.SGD(block.parameters(), lr=0.01)
+    _pipeline_loop(args, schedule, opt, [index], n_stages, mesh.get_local_rank("dp"))
+
+
+def _stage_block(args: argparse.Namespace, index: int, n_stages: int, slow: bool) -> nn.Sequential:
+    """Stage ``index`` of ``n_stages``: two linear layers with their share of the model's device
+    time (the last stage adds the classifier), slowed by ``--magnitude`` when ``slow`` and this
+    is ``--culprit``'s."""
+    torch.manual_seed(1000 * args.seed + index)
+    # the whole model's device time, shared by its 2 * n_stages hidden layers
+    per_row = args.device_ms / 1000 / args.batch / (2 * n_stages)
+    block = nn.Sequential()
+    for _ in range(2):
+        block.extend([nn.Linear(args.width, args.width), *models.device_time(per_row), nn.ReLU()])
+    if index == n_stages - 1:
+        block.append(nn.Linear(args.width, 16))
+    if slow and dist.get_rank() == args.culprit:
+        models.scale_device_time(block, 1 + args.magnitude)
+    return block
+
+
+def _pipeline_loop(
+    args: argparse.Namespace,
+    schedule: Any,
+    opt: torch.optim.Optimizer,
+    stage_indices: list[int],
+    n_stages: int,
+    replica: int,
+) -> None:
+    """Train a pipeline schedule for ``--steps``, recorded: the first stage feeds the batches
+    of data-parallel ``replica``, the last computes and logs the loss."""
+    data = models.Batches(replica, args.batch, args.width, seed=args.seed)
+    has_first, has_last = 0 in stage_indices, n_stages - 1 in stage_indices
     with dtprof.profile(args.trace, model=None, optimizer=opt, pipeline=schedule) as prof:
         for step in range(args.steps):
             x, y = data.get(step)
@@ -279,8 +342,10 @@ SITUATIONS: dict[str, Callable[[argparse.Namespace], None]] = {
     "data-stall": data_stall,
     "divergence": divergence,
     "poor-overlap": poor_overlap,
+    "fault": fault,
     "fsdp2": fsdp2,
     "pipeline": pipeline,
+    "pipeline-fsdp": pipeline_fsdp,
     "all-ops": all_ops,
     "faulty-hooks": faulty_hooks,
     "skip-collective": skip_collective,

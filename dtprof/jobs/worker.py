@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch import nn
 
 import dtprof
-from dtprof.jobs import models, situations
+from dtprof.jobs import faults, models, situations
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -47,6 +47,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fingerprint-every", type=int, default=5)
     p.add_argument("--hang-timeout-s", type=float, default=None)
     p.add_argument("--rounds", type=int, default=5, help="overhead: rounds per mode")
+    faults.add_options(p)
     return p.parse_args(argv)
 
 
@@ -69,6 +70,7 @@ def train_loop(
     *,
     profile_model: nn.Module | None = None,
     before_forward: Callable[[int, torch.Tensor], torch.Tensor] | None = None,
+    on_loss: Callable[[int, torch.Tensor], torch.Tensor] | None = None,
     after_backward: Callable[[int], None] | None = None,
     in_data: Callable[[int], None] | None = None,
     slowdown: models.SlowDown | None = None,
@@ -93,6 +95,8 @@ def train_loop(
                 x = before_forward(step, x)
             t0 = time.perf_counter()
             loss = loss_fn(model(x), y)
+            if on_loss is not None:
+                loss = on_loss(step, loss)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if slowdown is not None:

@@ -278,12 +278,23 @@ class Profiler:
                 self.write_meta()
                 return
             self.meta["status"] = "finished" if exc_type is None else f"raised {exc_type.__name__}"
+            if exc is not None:
+                self._record_exception(exc)
             self._resolve_pending_scalars()
             self.writer.close()
             write_json_atomic(self.folder / INFLIGHT_FILE, self.comms.inflight_snapshot())
             self.write_meta()
         except Exception as err:
             self._warn_once("close", f"dtprof: could not finish the trace cleanly: {err}")
+
+    def _record_exception(self, exc: BaseException) -> None:
+        """The exception training left with: in meta.json, and as an event on the trace's
+        clock (which rank failed first is read from these times)."""
+        detail = exception_detail(exc, self.step_index)
+        self.meta["exception"] = detail
+        self.events.append(
+            (self.step_index, now_ns(), "exception", detail["message"], _json(detail))
+        )
 
     def _teardown_quietly(self) -> None:
         for name in list(self._removers):
@@ -421,6 +432,31 @@ class Profiler:
         if key not in self._warned:
             self._warned.add(key)
             warnings.warn(message, DtprofWarning, stacklevel=3)
+
+
+_NOT_USER_CODE = (
+    str(Path(torch.__file__).parent),  # torch, and the collectives that raised inside it
+    str(Path(__file__).parent),  # dtprof's recording hooks
+    str(Path(traceback.__file__).parent),  # the standard library
+)
+
+
+def exception_detail(exc: BaseException, step: int) -> dict[str, Any]:
+    """Type, message and step of an exception, and the innermost frame of the user's code it
+    passed through (not torch's, dtprof's recording or the standard library's)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    user = [f for f in frames if not f.filename.startswith(_NOT_USER_CODE)]
+    frame = (user or frames)[-1] if frames else None
+    text = str(exc).strip().splitlines()
+    return {
+        "type": type(exc).__name__,
+        "message": f"{type(exc).__name__}: {text[0] if text else ''}"[:500],
+        "step": step,
+        "file": frame.filename if frame else None,
+        "line": frame.lineno if frame else None,
+        "function": frame.name if frame else None,
+        "code": (frame.line or "") if frame else None,
+    }
 
 
 def _json(obj: Any) -> str:

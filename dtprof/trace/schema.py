@@ -205,7 +205,7 @@ EVENTS = Table(
     (
         _STEP,
         _ns("ts_ns", "when it happened"),
-        Column("kind", pa.string(), "hang or hook-error"),
+        Column("kind", pa.string(), "hang, hook-error or exception"),
         Column("message", pa.string(), "one line for a person"),
         Column("detail", pa.string(), "JSON with the particulars (a hang's Python stacks, ...)"),
     ),

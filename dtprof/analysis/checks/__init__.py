@@ -15,6 +15,7 @@ from dtprof.analysis.checks import (
     poor_overlap,
     rank_stopped,
     replica_divergence,
+    slow_stage,
     straggler,
 )
 from dtprof.analysis.report import Finding
@@ -31,6 +32,7 @@ CHECKS: list[Check] = [
     data_stall.check,
     poor_overlap.check,
     pipeline_bubble.check,
+    slow_stage.check,
     loss_spike.check,
     memory_growth.check,
     partial_data.check,

@@ -3,7 +3,8 @@
 Rule: per rank and memory metric (RSS; CUDA allocated and reserved), over the steps after the
 first 10% (at least 2): the last reading exceeds the first by at least 20% and 256 MiB, and the
 second half of the steps still adds at least 30% of that growth (so a plateau after warm-up is
-not a leak). Warning.
+not a leak). Warning. Its first step is where the growth began: the hinge of the best fit of
+"flat, then a straight rise" to the worst rank's readings.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dtprof.analysis.summarize import RunSummary
 MIN_GROWTH = 0.20
 MIN_BYTES = 256 * 2**20
 STILL_GROWING = 0.30
+MAX_FIT_READINGS = 1024  # the onset fit is quadratic in the readings
 
 
 def check(run: RunSummary) -> list[Finding]:
@@ -42,17 +44,19 @@ def check(run: RunSummary) -> list[Finding]:
             continue
         steps = np.unique(step[pick])
         worst = leaking[np.argmax(growth[leaking])]  # the first of equals, as max() gave
+        mine = pick & (rank == ranks[worst])
+        began = growth_onset(step[mine], value[mine])
         findings.append(
             Finding(
                 code="memory-growth",
                 severity="warning",
                 ranks=ranks[leaking].tolist(),
-                first_step=int(steps[0]),
+                first_step=began,
                 last_step=int(steps[-1]),
                 message=(
                     f"{metric} grows on {len(leaking)} rank(s): rank {ranks[worst]} went from "
                     f"{first[worst] / 2**30:.2f} to {last[worst] / 2**30:.2f} GiB over "
-                    f"{len(steps)} steps and is still growing"
+                    f"{len(steps)} steps, growing from step {began} on, and is still growing"
                 ),
                 suggestion=(
                     "look for tensors kept across steps: a loss appended without .item() or "
@@ -60,6 +64,7 @@ def check(run: RunSummary) -> list[Finding]:
                 ),
                 evidence={
                     "metric": metric,
+                    "growth_from_step": began,
                     "growth_bytes": {int(ranks[i]): float(growth[i]) for i in leaking},
                     "bytes_per_step": {
                         int(ranks[i]): round(float(growth[i]) / max(len(steps) - 1, 1), 1)
@@ -69,6 +74,27 @@ def check(run: RunSummary) -> list[Finding]:
             )
         )
     return findings
+
+
+def growth_onset(step: np.ndarray, value: np.ndarray) -> int:
+    """The step where readings that were flat start to rise: the hinge of the least-squares
+    fit of value = a + b * max(0, step - hinge), over every reading's step as the hinge (the
+    reading after it is the first that grew)."""
+    known = ~np.isnan(value)
+    step, value = step[known].astype(np.float64), value[known]
+    order = np.argsort(step, kind="stable")
+    step, value = step[order], value[order]
+    every = -(-len(step) // MAX_FIT_READINGS)  # long runs: every k-th reading, a k-step grain
+    step, value = step[::every], value[::every]
+    if len(step) < 3:
+        return int(step[0])
+    ramp = np.maximum(step[None, :] - step[:-1, None], 0)  # row k: the hinge at step[k]
+    ramp_mean = ramp.mean(axis=1, keepdims=True)
+    centred = ramp - ramp_mean
+    rise = value - value.mean()
+    slope = (centred @ rise) / np.maximum((centred**2).sum(axis=1), 1e-30)
+    sse = ((rise[None, :] - slope[:, None] * centred) ** 2).sum(axis=1)
+    return int(step[int(np.argmin(sse)) + 1])
 
 
 def _first_mid_last(

@@ -5,8 +5,9 @@ backward_input, backward_weight) and idle time the rest of the step; the measure
 idle over step time, averaged over ranks and the steps after the first 10% (at least 2). The
 theory for p stages, m microbatches and v stages per rank: (p-1)/(m+p-1) for GPipe and 1F1B,
 (p-1)/(v*m+p-1) for interleaved schedules, about a third of 1F1B's for zero-bubble ones. Idle is
-split into the schedule's bubble (theory x step, at most the idle), communication wait (p2p
-transfers outside actions) and the rest, waiting on a slower stage. Info below 20% measured,
+split into the schedule's bubble (theory x step, at most the idle), waiting on slower stages
+(in each step, every rank idles the difference between the busiest rank's busy time and its
+own) and the rest, waiting for activations and gradients to arrive. Info below 20% measured,
 warning from 20%, error from 50%.
 """
 
@@ -14,9 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from dtprof.analysis.checks.poor_overlap import intervals_by_rank, overlap_per_rank
 from dtprof.analysis.checks.straggler import warmup_steps
-from dtprof.analysis.columns import groups, is_null, rows, values
+from dtprof.analysis.columns import group_union_ns, groups, rows, values
 from dtprof.analysis.report import Finding
 from dtprof.analysis.summarize import RunSummary
 
@@ -35,19 +35,6 @@ def theory(schedule: str, stages: int, microbatches: int, per_rank: int) -> floa
     if v > 1:
         return (p - 1) / (v * m + p - 1)
     return (p - 1) / (m + p - 1)
-
-
-def _union_ns(group: np.ndarray, n: int, start: np.ndarray, end: np.ndarray) -> np.ndarray:
-    """Per group, the length of the union of its [start, end) intervals, by a sorted sweep of
-    their edges (each group's depth comes back to 0 at its last edge)."""
-    real = end > start
-    group = np.concatenate([group[real], group[real]])
-    t = np.concatenate([start[real], end[real]])
-    depth = np.repeat(np.array([1, -1]), real.sum())
-    order = np.lexsort((t, group))
-    group, t, depth = group[order], t[order], np.cumsum(depth[order])
-    inside = depth[:-1] > 0
-    return np.bincount(group[:-1][inside], weights=np.diff(t)[inside], minlength=n)
 
 
 def check(run: RunSummary) -> list[Finding]:
@@ -70,7 +57,7 @@ def check(run: RunSummary) -> list[Finding]:
     # times as float64, as this check has always measured them (at wall-clock magnitudes each
     # rounds to 256 ns): the same figures as before
     start, end = values(actions, "start_ns", np.float64), values(actions, "end_ns", np.float64)
-    busy = _union_ns(inverse[:n], int(inverse.max()) + 1, start, end)[inverse[n:]]
+    busy = group_union_ns(inverse[:n], int(inverse.max()) + 1, start, end)[inverse[n:]]
     idle = np.maximum(step_ns - busy, 0)
     measured = float(np.nansum(idle) / np.nansum(step_ns))
     expected = theory(
@@ -82,16 +69,16 @@ def check(run: RunSummary) -> list[Finding]:
     if measured < INFO_FROM:
         return []
 
-    coll = run.collectives
-    p2p = rows(coll, ~is_null(coll, "peer") & (values(coll, "step") >= skip))
-    comm_outside = 0.0
-    if p2p.num_rows:
-        per = overlap_per_rank(intervals_by_rank(p2p), actions)
-        comm_outside = float(sum(c - o for c, o in per.values()))
     total_idle = float(np.nansum(idle))
     schedule_ns = min(expected * float(np.nansum(step_ns)), total_idle)
-    comm_ns = min(comm_outside, total_idle - schedule_ns)
-    slow_ns = total_idle - schedule_ns - comm_ns
+    # the pipeline runs at its slowest rank's pace: a rank with less work waits out the
+    # difference each step
+    step_of = values(steps, "step")
+    (_,), by_step = groups(step_of)
+    slowest = np.zeros(int(by_step.max()) + 1 if len(by_step) else 0)
+    np.maximum.at(slowest, by_step, busy)
+    slow_ns = min(float(np.nansum(slowest[by_step] - busy)), total_idle - schedule_ns)
+    comm_ns = total_idle - schedule_ns - slow_ns
 
     p, m = info["stages"], info["microbatches"]
     v = info.get("virtual_stages_per_rank", 1)

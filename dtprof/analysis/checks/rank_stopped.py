@@ -5,18 +5,23 @@ metadata says it did not finish cleanly (killed: status still "running" after an
 finished, or after another rank raised from a collective that failed, since a collective fails
 when a peer is gone; "raised ..."; "recording stopped: ..."). An error; the rest is analysed as
 usual. A killed rank's last steps may still be in its writer's buffer, so it can look as far as
-the others: its finding then covers the step after its last one.
+the others: its finding then covers the step after its last one. A killed rank's buffered last
+steps may also be lost: it took part in every collective of the whole job's group that another
+rank completed, so it was alive at least up to the last step of those.
 Ranks of the job that wrote no trace at all (RunSummary.without_trace) are one error together.
 A rank that raised from a collective that failed (a peer gone) while another rank stopped for
 its own reason is a consequence: one warning for all of those, naming the ranks they followed.
+A rank that raised says what (meta.json's ``exception``: type, message, the user's frame).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pyarrow as pa
 
-from dtprof.analysis.columns import codes, groups, values
+from dtprof.analysis.columns import codes, groups, is_null, values
 from dtprof.analysis.report import Finding
 from dtprof.analysis.summarize import RunSummary
 
@@ -39,12 +44,19 @@ def check(run: RunSummary) -> list[Finding]:
         )
         if furthest - rank_last >= BEHIND_STEPS or unclean:
             stopped[rank] = rank_last
+    # a killed rank's last buffered steps may be lost: the others saw it alive later
+    alive = {
+        r: max(s, _alive_until(run, r)) if statuses[r] == "running" else s
+        for r, s in stopped.items()
+    }
     followers = lost_peer & set(stopped)
     causes = sorted((set(stopped) - followers) | set(run.without_trace))
     if not causes:
         followers = set()
     findings = [_without_trace(run)] if run.without_trace else []
-    findings += [_stopped(r, stopped[r], furthest, statuses[r]) for r in causes if r in stopped]
+    findings += [
+        _stopped(r, stopped[r], alive[r], furthest, run.meta[r]) for r in causes if r in stopped
+    ]
     if followers:
         findings.append(_followed(sorted(followers), causes, stopped, statuses))
     return findings
@@ -58,6 +70,33 @@ def _last_steps(steps: pa.Table) -> dict[int, float]:
     last = np.full(len(ranks), np.nan)
     np.fmax.at(last, inverse, values(steps, "step", np.float64))
     return dict(zip(ranks.tolist(), last.tolist(), strict=True))
+
+
+def _alive_until(run: RunSummary, rank: int) -> int:
+    """The last step at which another rank completed a collective of a group as large as the
+    job (so ``rank`` took part in it); -1 when none."""
+    coll = run.collectives
+    if not coll.num_rows or run.world_size < 2:
+        return -1
+    whole = {
+        str(g)
+        for g, size in zip(values(run.groups, "group"), values(run.groups, "size"), strict=True)
+        if int(size) >= run.world_size
+    }
+    code, names = codes(coll, "group")
+    whole_codes = np.flatnonzero([str(n) in whole for n in names])
+    done = (
+        np.isin(code, whole_codes)
+        & (values(coll, "rank") != rank)
+        & ~is_null(coll, "end_ns")
+        & is_null(coll, "peer")
+    )
+    label_code, labels = codes(coll, "label")
+    failed = np.flatnonzero([_failed(str(label)) for label in labels])
+    done &= ~np.isin(label_code, failed)
+    steps = values(coll, "step", np.float64)[done]
+    steps = steps[~np.isnan(steps)]
+    return int(steps.max()) if len(steps) else -1
 
 
 def _failed_ranks(collectives: pa.Table) -> set[int]:
@@ -96,24 +135,39 @@ def _without_trace(run: RunSummary) -> Finding:
     )
 
 
-def _stopped(rank: int, rank_last: int, furthest: int, status: str) -> Finding:
-    why = "was killed or lost" if status == "running" else status
-    first = rank_last + 1 if rank_last >= 0 else None
+def _stopped(rank: int, rank_last: int, alive: int, furthest: int, meta: dict) -> Finding:
+    status = str(meta.get("status", ""))
+    exception = meta.get("exception") or {}
+    first = alive + 1
+    if exception:
+        where = ""
+        if exception.get("file"):
+            where = (
+                f" in {exception.get('function')} ({Path(exception['file']).name}:"
+                f"{exception.get('line')})"
+            )
+        why = f"raised {exception.get('message')} at step {exception.get('step')}{where}"
+    else:
+        why = "was killed or lost" if status == "running" else status
+    ended = f"after step {alive}" if alive >= 0 else "before its first step"
     return Finding(
         code="rank-stopped",
         severity="error",
         ranks=[rank],
         first_step=first,
-        last_step=max(furthest, first or 0) if furthest >= 0 else None,
-        message=(
-            f"rank {rank}'s trace ends at step {rank_last} ({why}) while the furthest "
-            f"rank reached step {furthest}"
-        ),
+        last_step=max(furthest, first),
+        message=f"rank {rank} stopped {ended}: it {why}; the furthest rank reached step {furthest}",
         suggestion=(
-            f"read rank {rank}'s log around step {rank_last + 1}: an exception, the OOM "
-            "killer (dmesg) or a lost node; the hang finding says what the others waited in"
+            f"read rank {rank}'s log around step {first}: the exception, the OOM killer (dmesg) "
+            "or a lost node; the hang finding says what the others waited in"
         ),
-        evidence={"last_step": rank_last, "furthest_step": furthest, "status": status},
+        evidence={
+            "last_step": rank_last,
+            "alive_until_step": alive,
+            "furthest_step": furthest,
+            "status": status,
+            "exception": exception or None,
+        },
     )
 
 
