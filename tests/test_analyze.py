@@ -636,6 +636,7 @@ def test_cli_formats_and_exit_codes(tmp_path: Path) -> None:
         "message",
         "suggestion",
         "evidence",
+        "caused_by",
     }
 
 

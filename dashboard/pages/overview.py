@@ -13,7 +13,7 @@ from dashboard.components import finding_card, graph, note
 from dashboard.rundata import RunData
 from dashboard.shape import MAX_RANK_BINS, MAX_STEP_BINS, rank_bins
 from dashboard.source import Snapshot
-from dtprof.analysis.report import severity_rank
+from dtprof.analysis.report import Report, severity_rank
 
 PATH = "/"
 TITLE = "Overview"
@@ -88,9 +88,19 @@ def update(snap: Snapshot) -> list[Any]:
     """The page's whole body for one snapshot: cards, findings, charts."""
     data = snap.data
     head = headline(data)
-    findings = sorted(snap.findings, key=lambda f: (-severity_rank(f.severity), f.code))
-    if findings:
-        listing: list[Any] = [finding_card(f) for f in findings]
+    grouped = Report({}, {}, list(snap.findings)).by_cause()
+    if grouped:
+        listing: list[Any] = []
+        for cause, consequences in grouped:
+            listing.append(finding_card(cause))
+            if consequences:
+                listing.append(
+                    html.Div(
+                        [html.Div(f"caused by the {cause.code} above", className="note")]
+                        + [finding_card(f) for f in consequences],
+                        className="consequences",
+                    )
+                )
     elif snap.complete:
         listing = [note("No findings: no straggler, stall, divergence or bubble was detected.")]
     else:

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from dtprof.analysis.causes import link
 from dtprof.analysis.checks import CHECKS
 from dtprof.analysis.columns import values
 from dtprof.analysis.gpu import gpu_summary
@@ -106,7 +107,7 @@ def _analyze(
     del summaries  # the per-rank tables: the combined ones replace them
     if sum(t.num_rows for t in (run.steps, run.phases, run.collectives)) >= RELEASE_FROM_ROWS:
         release_memory()
-    findings = [finding for check in CHECKS for finding in check(run)]
+    findings = link([finding for check in CHECKS for finding in check(run)])
     if progress and time.monotonic() - started > PROGRESS_AFTER_S:
         print(
             f"dtprof: read {len(run.ranks)} ranks in {read_s:.1f} s, combined and checked them "

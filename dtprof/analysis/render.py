@@ -57,16 +57,24 @@ def text(report: Report) -> str:
         for cells in _gpu_cells(report):
             lines.append("  ".join(c.rjust(w) for c, w in zip(cells, gw, strict=True)))
         lines += [f"({report.summary['gpu']['definitions']})", ""]
-    findings = report.sorted_findings()
-    if not findings:
+    grouped = report.by_cause()
+    if not grouped:
         lines.append("no findings")
-    for f in findings:
-        lines.append(f"{f.severity.upper()} {f.code} ({_where(f)}): {f.message}")
-        lines.append(f"    try: {f.suggestion}")
-        evidence = ", ".join(f"{k}={v}" for k, v in f.evidence.items() if not isinstance(v, dict))
-        if evidence:
-            lines.append(f"    evidence: {evidence}")
+    for cause, consequences in grouped:
+        lines += _text_finding(cause, "")
+        for f in consequences:
+            lines += _text_finding(f, f"    caused by the {cause.code} above: ")
     return "\n".join(lines)
+
+
+def _text_finding(f: Finding, lead: str) -> list[str]:
+    pad = " " * 4 if lead else ""
+    lines = [f"{lead}{f.severity.upper()} {f.code} ({_where(f)}): {f.message}"]
+    lines.append(f"{pad}    try: {f.suggestion}")
+    evidence = ", ".join(f"{k}={v}" for k, v in f.evidence.items() if not isinstance(v, dict))
+    if evidence:
+        lines.append(f"{pad}    evidence: {evidence}")
+    return lines
 
 
 def markdown(report: Report) -> str:
@@ -82,11 +90,14 @@ def markdown(report: Report) -> str:
         lines.append("|" + "---|" * len(_GPU_HEADERS))
         lines += ["| " + " | ".join(cells) + " |" for cells in _gpu_cells(report)]
         lines += ["", f"*{report.summary['gpu']['definitions']}.*", ""]
-    findings = report.sorted_findings()
-    if not findings:
+    grouped = report.by_cause()
+    if not grouped:
         lines.append("No findings.")
-    for f in findings:
-        lines.append(
-            f"- **{f.severity}** `{f.code}` {_where(f)}: {f.message}. *Try:* {f.suggestion}."
-        )
+    for cause, consequences in grouped:
+        lines.append(f"- {_markdown_finding(cause)}")
+        lines += [f"  - caused by it: {_markdown_finding(f)}" for f in consequences]
     return "\n".join(lines)
+
+
+def _markdown_finding(f: Finding) -> str:
+    return f"**{f.severity}** `{f.code}` {_where(f)}: {f.message}. *Try:* {f.suggestion}."

@@ -26,6 +26,7 @@ class Finding:
     message: str
     suggestion: str
     evidence: dict[str, Any] = field(default_factory=dict)
+    caused_by: dict[str, Any] | None = None  # {"code", "ranks"} of the finding it follows from
 
     def __post_init__(self) -> None:
         if self.severity not in SEVERITIES:
@@ -57,6 +58,30 @@ class Report:
             self.findings,
             key=lambda f: (-severity_rank(f.severity), f.code, f.ranks[:1], f.first_step or 0),
         )
+
+    def by_cause(self) -> list[tuple[Finding, list[Finding]]]:
+        """The findings that follow from no other (sorted_findings' order), each with the
+        findings caused by it."""
+        ordered = self.sorted_findings()
+        roots = [f for f in ordered if f.caused_by is None]
+        under: dict[int, list[Finding]] = {id(f): [] for f in roots}
+        for f in ordered:
+            if f.caused_by is None:
+                continue
+            cause = next(
+                (
+                    r
+                    for r in roots
+                    if r.code == f.caused_by["code"] and r.ranks == f.caused_by["ranks"]
+                ),
+                None,
+            )
+            if cause is None:  # its cause is not in this report: shown on its own
+                roots.append(f)
+                under[id(f)] = []
+            else:
+                under[id(cause)].append(f)
+        return [(f, under[id(f)]) for f in roots]
 
     def worst(self) -> str | None:
         """The most severe severity among the findings, or None."""

@@ -2,7 +2,7 @@
 
 Rule: a rank's data phase (from the end of a step to its next forward) stalls in a step when it
 is longer than 10% of the median step and more than 5x the median data phase of all ranks.
-Reported for a rank with stalls in at least 2 analysed steps that together cost at least 1% of
+Reported for a rank with stalls in at least 2 analysed steps that together cost at least 3% of
 its time (scheduling jitter on a busy host makes the odd short one); the first 10% of steps, at
 least 2, are skipped. A warning; an error when stalls take more than 10% of the rank's time.
 """
@@ -21,7 +21,7 @@ from dtprof.analysis.summarize import RunSummary
 STEP_SHARE = 0.10
 OVER_MEDIAN = 5.0
 MIN_STALLS = 2
-MIN_SHARE = 0.01
+MIN_SHARE = 0.03
 ERROR_SHARE = 0.10
 
 

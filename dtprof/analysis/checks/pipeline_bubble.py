@@ -6,8 +6,9 @@ idle over step time, averaged over ranks and the steps after the first 10% (at l
 theory for p stages, m microbatches and v stages per rank: (p-1)/(m+p-1) for GPipe and 1F1B,
 (p-1)/(v*m+p-1) for interleaved schedules, about a third of 1F1B's for zero-bubble ones. Idle is
 split into the schedule's bubble (theory x step, at most the idle), waiting on slower stages
-(in each step, every rank idles the difference between the busiest rank's busy time and its
-own) and the rest, waiting for activations and gradients to arrive. Info below 20% measured,
+(every rank idles the difference between the busiest rank's busy time and its own, in each of
+the schedule's slots: 1 / (1 - theory) times per step's worth of microbatches) and the rest,
+waiting for activations and gradients to arrive. Info below 20% measured,
 warning from 20%, error from 50%.
 """
 
@@ -72,12 +73,14 @@ def check(run: RunSummary) -> list[Finding]:
     total_idle = float(np.nansum(idle))
     schedule_ns = min(expected * float(np.nansum(step_ns)), total_idle)
     # the pipeline runs at its slowest rank's pace: a rank with less work waits out the
-    # difference each step
+    # difference in every slot of the schedule, the m microbatches' and the fill and drain's
+    # (m + p - 1 of them in GPipe and 1F1B: 1 / (1 - theory) per microbatch)
+    slots = 1 / (1 - expected)
     step_of = values(steps, "step")
     (_,), by_step = groups(step_of)
     slowest = np.zeros(int(by_step.max()) + 1 if len(by_step) else 0)
     np.maximum.at(slowest, by_step, busy)
-    slow_ns = min(float(np.nansum(slowest[by_step] - busy)), total_idle - schedule_ns)
+    slow_ns = min(slots * float(np.nansum(slowest[by_step] - busy)), total_idle - schedule_ns)
     comm_ns = total_idle - schedule_ns - slow_ns
 
     p, m = info["stages"], info["microbatches"]

@@ -33,6 +33,7 @@ MIN_STEPS = 5
 WINDOW_STEPS = 5
 WINDOW_SLOWDOWN = 1.20
 MAX_WINDOWS = 3
+ONSET_STEPS = 2  # a chronic straggler's onset is found from this many analysed steps on
 
 
 def warmup_steps(steps: np.ndarray) -> int:
@@ -128,8 +129,38 @@ def check(run: RunSummary) -> list[Finding]:
     slowdown = float(own / _median(compute))
     share = float((step_culprit == suspect).mean())
     if share >= CHRONIC_SHARE and slowdown >= WARN_SLOWDOWN:
-        return [_finding(run, steps, arr, suspect, slowdown, chronic=True, share=share)]
+        onset = _onset(steps, suspect)
+        since = rows(steps, values(steps, "step") >= onset)
+        return [_finding(run, since, arr, suspect, slowdown, chronic=True, share=share)]
     return _transient(run, steps, arr, culprit_steps, step_culprit)
+
+
+def _onset(steps: pa.Table, suspect: int) -> int:
+    """The step a chronic straggler became slow: the split of its compute / the step's median
+    into a level before and a level after that fits best (least squares), when the level before
+    is nearer to the others' than to its own after; else the first analysed step."""
+    step_no, rank_no, compute = _compute_matrix(steps)
+    col = np.searchsorted(rank_no, suspect)
+    with np.errstate(all="ignore"):
+        ratio = compute[:, col] / np.nanmedian(compute, axis=1)
+    known = ~np.isnan(ratio)
+    step_no, ratio = step_no[known], ratio[known]
+    if len(ratio) < MIN_STEPS + ONSET_STEPS:
+        return int(step_no[0]) if len(step_no) else 0
+    # sums of squared deviations from each side's mean, for every split point k (after >= k)
+    total, square = np.cumsum(ratio), np.cumsum(ratio**2)
+    n = np.arange(1, len(ratio) + 1)
+    k = np.arange(ONSET_STEPS, len(ratio) - MIN_STEPS + 1)  # the slow side: MIN_STEPS at least
+    before_sse = square[k - 1] - total[k - 1] ** 2 / n[k - 1]
+    after_sum, after_sq, after_n = (
+        total[-1] - total[k - 1],
+        square[-1] - square[k - 1],
+        n[-1] - n[k - 1],
+    )
+    sse = before_sse + after_sq - after_sum**2 / after_n
+    best = int(k[np.argmin(sse)])
+    before, after = float(np.mean(ratio[:best])), float(np.mean(ratio[best:]))
+    return int(step_no[best]) if before - 1 < (after - 1) / 2 else int(step_no[0])
 
 
 def _step_culprits(arr: Arrivals) -> tuple[np.ndarray, np.ndarray]:
