@@ -228,3 +228,53 @@ def pipeline(trace: Trace, schedule: str, microbatches: int) -> str:
         f"step per stage {bubble.min():.0%}-{bubble.max():.0%} "
         f"(ideal (p-1)/(m+p-1) = {ideal:.0%})"
     )
+
+
+def slow_stage(trace: Trace, rank: int, microbatches: int) -> str:
+    """``rank``'s stage does clearly more work per microbatch than every other stage."""
+    actions = _after_warmup(trace.spans[trace.spans["kind"] == "pipeline"])
+    per_mb = _ms(actions).groupby([actions["rank"], actions["step"]]).sum() / microbatches
+    work = per_mb.groupby(level="rank").median()
+    ratio = work / work.drop(rank).median()
+    _need(ratio.idxmax() == rank and ratio[rank] > 1.3, f"work by rank: {_by_rank(ratio)}")
+    _need(ratio.drop(rank).max() < 1.1, f"the other stages differ: {_by_rank(ratio)}")
+    return (
+        f"rank {rank}'s stage works {work[rank]:.1f} ms per microbatch (forward + backward), "
+        f"{ratio[rank]:.2f}x the others' median ({ratio.drop(rank).min():.3f}-"
+        f"{ratio.drop(rank).max():.3f}x); {pipeline(trace, 'Schedule1F1B', microbatches)}"
+    )
+
+
+def comm_bound(trace: Trace) -> str:
+    """DDP with one bucket per step whose all-reduce takes longer than the backward before it."""
+    coll = _after_warmup(trace.collectives)
+    per_step = coll.groupby(["rank", "step"]).size()
+    _need((per_step == 1).all(), f"buckets per step: {sorted(set(per_step))}")
+    comm = _ms(coll).median()
+    backward = _phase_ms(trace, ["backward"]).median()
+    _need(comm > 1.5 * backward, f"all-reduce {comm:.1f} ms against backward {backward:.1f} ms")
+    exposed, _ = _exposed_comm(trace)
+    return (
+        f"one {coll['bytes'].iloc[0] / 1e6:.2f} MB bucket per step; its all-reduce takes "
+        f"{comm:.1f} ms (median) against {backward:.1f} ms of backward; exposed communication "
+        f"{exposed:.0%} of step; {_healthy(trace)}"
+    )
+
+
+def crash_at_start(trace: Trace, rank: int) -> str:
+    """``rank`` raised before its first step; the others failed in the collective it left."""
+    meta = trace.meta[rank]
+    exception = meta.get("exception") or {}
+    _need(exception.get("step") == 0, f"rank {rank}'s exception: {exception}")
+    _need(trace.steps[trace.steps["rank"] == rank].empty, f"rank {rank} recorded steps")
+    others = trace.ranks[trace.ranks["rank"] != rank]
+    _need(others["status"].str.startswith("raised").all(), f"statuses: {list(others['status'])}")
+    failed = trace.collectives[trace.collectives["label"].str.endswith("error", na=False)]
+    _need(
+        set(failed["rank"]) == set(others["rank"]), f"failed collectives on {set(failed['rank'])}"
+    )
+    return (
+        f"rank {rank} raised {exception['message']} at step 0 in {exception['function']}; "
+        f"ranks {', '.join(map(str, others['rank']))} raised "
+        f"{', '.join(sorted(set(others['status'])))} from the all-reduce it never joined"
+    )

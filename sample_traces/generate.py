@@ -46,6 +46,7 @@ class Sample:
     world_size: int
     options: str
     evidence: Callable[[Trace], str]
+    crashes: bool = False  # the job fails by design: its ranks exit with errors
 
     @property
     def args(self) -> list[str]:
@@ -97,6 +98,24 @@ SAMPLES = (
         partial(evidence.data_stall, rank=3, every=5, stall_ms=100),
     ),
     Sample("fsdp2", "fsdp2", 2, BASE, evidence.fsdp2),
+    Sample(
+        "pipeline-slow-stage",
+        "pipeline",
+        4,
+        f"{PIPELINE} --schedule 1f1b --microbatches 8 --fault slow-stage --culprit 2"
+        " --magnitude 0.5",
+        partial(evidence.slow_stage, rank=2, microbatches=8),
+    ),
+    # no device time: the gradients' all-reduce outlasts the compute it could hide under
+    Sample("comm-bound-ddp", "fault", 4, "--seed 0 --steps 40", evidence.comm_bound),
+    Sample(
+        "crash-at-start",
+        "fault",
+        4,
+        f"{DDP} --fault exception --culprit 1 --onset 0",
+        partial(evidence.crash_at_start, rank=1),
+        crashes=True,
+    ),
 )
 
 
@@ -113,7 +132,9 @@ def make(sample: Sample, out: Path) -> str:
     try:
         args = ["--trace", str(fresh), *sample.args]
         codes = launch.run(sample.situation, sample.world_size, args, TIMEOUT_S, logs)
-        if any(codes):
+        if sample.crashes and all(code > 0 for code in codes):
+            pass  # every rank raised: the situation itself
+        elif any(codes):
             raise Failed(f"{sample.name}: {_failure(codes, logs)}")
         try:
             line = sample.evidence(load_trace(fresh))

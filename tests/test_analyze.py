@@ -33,11 +33,16 @@ def _ddp_steps(
     steps: int,
     compute: Callable[[int, int], float],
     groups: list[list[int]] | None = None,
+    data: Callable[[int, int], float] = lambda rank, step: 0.0,
 ) -> None:
-    """Like _ddp_like with compute ms per (rank, step), each group all-reducing on its own."""
+    """Like _ddp_like with compute ms per (rank, step), each group all-reducing on its own;
+    ``data`` ms per (rank, step) of input loading come before the compute."""
     groups = groups or [list(range(world))]
     group_of = {r: (str(i), members) for i, members in enumerate(groups) for r in members}
-    step_ms = [max(compute(r, step) for r in range(world)) + 2 for step in range(steps)]
+    def busy(rank: int, step: int) -> float:
+        return data(rank, step) + compute(rank, step)
+
+    step_ms = [max(busy(r, step) for r in range(world)) + 2 for step in range(steps)]
     starts = [sum(step_ms[:step]) for step in range(steps)]
     for rank in range(world):
         name, members = group_of[rank]
@@ -45,16 +50,17 @@ def _ddp_steps(
         rows["groups"] = [(name, "gloo", members)]
         for step in range(steps):
             t0 = int(starts[step] * MS)
-            own = compute(rank, step)
-            fwd_end = t0 + int(own / 3 * MS)
-            bwd_end = t0 + int(own * MS)
+            own, fed = compute(rank, step), t0 + int(data(rank, step) * MS)
+            fwd_end = fed + int(own / 3 * MS)
+            bwd_end = fed + int(own * MS)
             rows["steps"].append((step, t0, t0 + int(step_ms[step] * MS)))
             rows["spans"] += [
-                (step, "forward", "phase", t0, fwd_end, 0, None, None),
+                (step, "data", "phase", t0, fed, 0, None, None),
+                (step, "forward", "phase", fed, fwd_end, 0, None, None),
                 (step, "backward", "phase", fwd_end, bwd_end, 0, None, None),
             ]
             # done when the group's last member arrived, plus the transfer
-            done = t0 + int((max(compute(r, step) for r in members) + 1) * MS)
+            done = t0 + int((max(busy(r, step) for r in members) + 1) * MS)
             rows["collectives"].append(
                 (
                     step,

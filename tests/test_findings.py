@@ -204,3 +204,28 @@ def test_profile_records_the_exception_training_left_with(tmp_path: Path) -> Non
     assert exception["file"] == __file__
     events = trace.events[trace.events["kind"] == "exception"]
     assert events["message"].tolist() == ["ValueError: bad batch"]
+
+
+def test_a_rank_late_from_its_data_phase_is_no_straggler(tmp_path: Path) -> None:
+    """A leaking loader: rank 3 is last at every step, from its input; its compute is only
+    4% slower (memory pressure), far from explaining the others' wait."""
+    from tests.test_analyze import _ddp_steps
+
+    _ddp_steps(
+        tmp_path,
+        4,
+        40,
+        lambda rank, step: 20.8 if rank == 3 else 20.0,
+        data=lambda rank, step: 12.0 if rank == 3 else 0.2,
+    )
+    codes = [f.code for f in analyze(tmp_path).findings]
+    assert "straggler" not in codes and "data-stall" in codes
+
+
+def test_a_small_consistent_excess_is_a_straggler(tmp_path: Path) -> None:
+    from tests.test_analyze import _ddp_steps
+
+    _ddp_steps(tmp_path, 4, 40, lambda rank, step: 21.2 if rank == 2 else 20.0)
+    (finding,) = analyze(tmp_path).findings
+    assert (finding.code, finding.ranks, finding.severity) == ("straggler", [2], "warning")
+    assert finding.evidence["slowdown"] == pytest.approx(1.06, rel=0.01)

@@ -14,11 +14,12 @@ the straggler, not because the job cannot overlap. Flagged at >= 25% (warning; >
 on the ranks exposed at least that much that arrived last at some collective. The first steps
 (10%, at least 2) are skipped.
 
-Not all exposure is overlap's to fix: communication longer than the compute it could run under
-(DDP's buckets only under backward; other jobs under any compute) stays exposed however well
-it overlaps. When that unavoidable part is at least the rest, the finding is
+Not all exposure is overlap's to fix. For DDP (buckets reduced under backward) and FSDP
+(gathers and scatters under forward and backward), communication at least as long as the
+compute it could run under bounds the step however well it overlaps: the finding is then
 communication-bound (info: the job's shape, amortized by more compute per byte), else
-poor-overlap, its suggestion read from the buckets DDP used.
+poor-overlap, its suggestion read from the buckets DDP used. Other jobs get poor-overlap: how
+they issue their collectives (one per tensor, after backward) sets how long those take.
 """
 
 from __future__ import annotations
@@ -32,10 +33,13 @@ import pyarrow as pa
 from dtprof.analysis.checks.straggler import last_arrival_shares, warmup_steps
 from dtprof.analysis.columns import group_sum, groups, is_null, rows, values
 from dtprof.analysis.report import Finding
-from dtprof.analysis.summarize import RunSummary
+from dtprof.analysis.summarize import COMPUTE_PHASES, RunSummary
 
 WARN_EXPOSED = 0.25
 ERROR_EXPOSED = 0.50
+# what a model's communication can run under, where the wrapper says how it communicates: DDP
+# reduces buckets as backward makes them, FSDP gathers and scatters around forward and backward
+HIDING = {"ddp": ("backward",), "fsdp2": ("forward", "backward")}
 
 
 def transfer_intervals(run: RunSummary, first_step: int) -> dict[int, list[np.ndarray]]:
@@ -201,8 +205,10 @@ def check(run: RunSummary) -> list[Finding]:
     comm_ns, overlap_ns = (np.array(c, np.float64) for c in zip(*per.values(), strict=True))
     steps = rows(run.steps, values(run.steps, "step") >= skip)
     step_ns = _per_rank_sum(values(steps, "rank"), values(steps, "step_ns", np.float64), ranks)
-    ddp = {m.get("model_kind") for m in run.meta.values()} == {"ddp"}
-    hiding = rows(compute, values(compute, "name") == "backward") if ddp else compute
+    kinds = {m.get("model_kind") for m in run.meta.values()}
+    kind = str(kinds.pop()) if len(kinds) == 1 else ""
+    ddp = kind == "ddp"
+    hiding = rows(compute, np.isin(values(compute, "name"), HIDING.get(kind, COMPUTE_PHASES)))
     length = values(hiding, "end_ns", np.float64) - values(hiding, "start_ns", np.float64)
     hide_ns = _per_rank_sum(values(hiding, "rank"), length, ranks)
     shares = last_arrival_shares(run, skip)
@@ -211,7 +217,7 @@ def check(run: RunSummary) -> list[Finding]:
         return []
     exposed_ns = comm_ns - overlap_ns
     # what even perfect overlap leaves exposed: communication longer than the compute it
-    # could run under (DDP's buckets wait for backward; other jobs may overlap any compute)
+    # could run under
     unavoidable_ns = np.minimum(np.maximum(comm_ns - np.nan_to_num(hide_ns), 0), exposed_ns)
     with np.errstate(all="ignore"):
         overlap_fraction = np.where(comm_ns > 0, overlap_ns / comm_ns, np.nan)
@@ -237,7 +243,7 @@ def check(run: RunSummary) -> list[Finding]:
         overlap=overlap,
         comm_ms=on_critical_path(comm_ns / n_steps) / 1e6,
         hide_ms=on_critical_path(np.nan_to_num(hide_ns) / n_steps) / 1e6,
-        hiding_phase="backward" if ddp else "compute",
+        hiding_phase="backward" if ddp else "forward and backward" if kind in HIDING else "compute",
         buckets=_ddp_buckets(run, skip) if ddp else None,
         per_rank={
             r: {
@@ -257,7 +263,7 @@ def check(run: RunSummary) -> list[Finding]:
         },
     )
     first, last = int(analysed[0]), int(analysed[-1])
-    if unavoidable >= exposed - unavoidable:
+    if kind in HIDING and figures.comm_ms >= figures.hide_ms:
         return [_communication_bound(figures, exposed_fraction, first, last)]
     return [_poor_overlap(figures, exposed_fraction, first, last)]
 
@@ -352,7 +358,7 @@ def _communication_bound(figures: Exposure, fraction: np.ndarray, first: int, la
             f"communication takes {figures.comm_ms:.1f} ms a step{used} against "
             f"{figures.hide_ms:.1f} ms of {figures.hiding_phase} it could run under: it is "
             f"exposed for {figures.exposed:.0%} of each step on the critical path, and even "
-            f"perfect overlap would leave {figures.unavoidable:.0%} exposed"
+            f"perfect overlap would leave {figures.unavoidable:.0%} of the step exposed"
         ),
         suggestion=(
             "make each step do more compute per byte communicated: a larger per-rank batch "

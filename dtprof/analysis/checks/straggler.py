@@ -6,8 +6,12 @@ its own arrival) is charged to it. Never by the longest collective: the culprit 
 shortest ones, since the others are already waiting when it arrives.
 
 - Chronic: the rank charged with the most waiting caused the most of it in >= 50% of the
-  analysed steps, and its own compute (forward + backward + optimizer, no waiting) is >= 1.10x
-  the median of the ranks (warning; >= 1.20x: error).
+  analysed steps, and from the step it became slow (see _onset) its own compute (forward +
+  backward + optimizer, no waiting) is >= 1.10x the median of the ranks, or >= 1.03x when it
+  caused the most waiting in >= 75% of those steps: a small excess, held that consistently, is
+  no jitter (warning; >= 1.20x: error). It must still be that slow over the last quarter of
+  the steps (else it was a passing window), and its extra compute must account for at least
+  half of the waiting it caused (else it was late from its data phase: data-stall's).
 - Transient: otherwise, a window of >= 5 consecutive steps in each of which the same rank caused
   the most waiting with compute >= 1.10x that step's median, >= 1.20x over the window
   (a warning per window; the worst three are reported).
@@ -29,6 +33,9 @@ from dtprof.analysis.summarize import RunSummary
 WARN_SLOWDOWN = 1.10
 ERROR_SLOWDOWN = 1.20
 CHRONIC_SHARE = 0.5
+CONSISTENT_SHARE = 0.75  # held the others up in this share of its steps: a small excess counts
+CONSISTENT_SLOWDOWN = 1.03
+EXPLAINED_SHARE = 0.5  # of the waiting it caused, its extra compute accounts for at least this
 MIN_STEPS = 5
 WINDOW_STEPS = 5
 WINDOW_SLOWDOWN = 1.20
@@ -123,16 +130,59 @@ def check(run: RunSummary) -> list[Finding]:
     culprit_steps, step_culprit = _step_culprits(arr)
     ranks, inverse = np.unique(arr.culprit, return_inverse=True)
     suspect = int(ranks[np.argmax(_sum(inverse.ravel(), len(ranks), arr.caused_ns))])
-    step_ranks, compute = _by_rank_median(values(steps, "rank"), compute_ns)
-    at = np.searchsorted(step_ranks, suspect)
-    own = compute[at] if at < len(step_ranks) and step_ranks[at] == suspect else np.nan
-    slowdown = float(own / _median(compute))
-    share = float((step_culprit == suspect).mean())
-    if share >= CHRONIC_SHARE and slowdown >= WARN_SLOWDOWN:
+    if (step_culprit == suspect).mean() >= CHRONIC_SHARE:
+        # judged from the step it became slow: before it, it was one of the others
         onset = _onset(steps, suspect)
         since = rows(steps, values(steps, "step") >= onset)
-        return [_finding(run, since, arr, suspect, slowdown, chronic=True, share=share)]
+        share = float((step_culprit[culprit_steps >= onset] == suspect).mean())
+        slowdown = _slowdown(since, suspect)
+        bar = CONSISTENT_SLOWDOWN if share >= CONSISTENT_SHARE else WARN_SLOWDOWN
+        tail = rows(since, values(since, "step") >= _tail_from(since))
+        if (
+            slowdown >= bar
+            and _slowdown(tail, suspect) >= bar  # still slow at the end: not a passing window
+            and _explained(run, since, suspect) >= EXPLAINED_SHARE
+        ):
+            return [_finding(run, since, arr, suspect, slowdown, chronic=True, share=share)]
     return _transient(run, steps, arr, culprit_steps, step_culprit)
+
+
+def _tail_from(steps: pa.Table) -> int:
+    """The first of the last quarter of the steps (at least MIN_STEPS of them)."""
+    distinct = np.unique(values(steps, "step"))
+    return int(distinct[-max(MIN_STEPS, len(distinct) // 4) :][0])
+
+
+def _explained(run: RunSummary, steps: pa.Table, rank: int) -> float:
+    """How much of the others' waiting for ``rank`` its extra compute accounts for: its median
+    excess over each step's median compute, over the median of each step's longest wait at a
+    collective it entered last. A rank late from its data phase (a stall, a leaking loader)
+    makes them wait as long with no extra compute."""
+    step_no, rank_no, compute = _compute_matrix(steps)
+    col = np.searchsorted(rank_no, rank)
+    if col >= len(rank_no) or rank_no[col] != rank:
+        return 0.0
+    excess = compute[:, col] - np.nanmedian(compute, axis=1)
+    waited = np.zeros(len(step_no), np.int64)
+    for g in run.matched:
+        member = np.flatnonzero(g.ranks == rank)
+        keep = g.complete & np.isin(g.step, step_no)
+        if not len(member) or not keep.any():
+            continue
+        start = g.start[keep]
+        late = start[:, member[0]] == start.max(axis=1)  # it entered last
+        wait = (start.max(axis=1) - start.min(axis=1))[late]
+        np.maximum.at(waited, np.searchsorted(step_no, g.step[keep][late]), wait)
+    median_wait = float(np.median(waited))
+    return float(np.nanmedian(excess)) / median_wait if median_wait > 0 else 1.0
+
+
+def _slowdown(steps: pa.Table, rank: int) -> float:
+    """A rank's median compute over the median of all ranks' medians (NaN without any)."""
+    step_ranks, compute = _by_rank_median(values(steps, "rank"), values(steps, "compute_ns", float))
+    at = np.searchsorted(step_ranks, rank)
+    own = compute[at] if at < len(step_ranks) and step_ranks[at] == rank else np.nan
+    return float(own / _median(compute))
 
 
 def _onset(steps: pa.Table, suspect: int) -> int:
