@@ -16,6 +16,7 @@ from dataclasses import replace
 
 from dashboard.rundata import RunData, prefix
 from dashboard.source import LiveSource, Snapshot, empty_snapshot
+from dtprof.analysis.causes import link
 from dtprof.analysis.checks import CHECKS, Check
 from dtprof.analysis.report import Finding
 from dtprof.analysis.summarize import RunSummary
@@ -106,7 +107,7 @@ class ReplaySource:
         last = int(self.step_at_s.index[-1])
         done = step >= last
         data = self.full if done else prefix(self.full, step)
-        findings = [f for s, f in self.raised if s <= step]
+        findings = link([f for s, f in self.raised if s <= step])
         status = f"replay x{self.speed:g} · step {step} of {last}" + (" · done" if done else "")
         self._snapshot = Snapshot(
             version=self._snapshot.version + 1,

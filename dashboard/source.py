@@ -23,6 +23,7 @@ from dashboard.measures import precompute
 from dashboard.rows import RowCache, Rows
 from dashboard.rundata import RunData, empty, samples_frame, steps_only
 from dtprof.analysis import PROCESSES_FROM, map_ranks
+from dtprof.analysis.causes import link
 from dtprof.analysis.checks import CHECKS
 from dtprof.analysis.report import Finding
 from dtprof.analysis.summarize import (
@@ -68,7 +69,7 @@ def run_checks(run: RunSummary) -> tuple[list[Finding], list[str]]:
             findings += check(run)
         except Exception as exc:  # a live trace may be cut mid-step; say so, keep the others
             failed.append(f"{check.__module__.rsplit('.', 1)[-1]}: {type(exc).__name__}")
-    return findings, failed
+    return link(findings), failed
 
 
 def empty_snapshot(mode: str, status: str) -> Snapshot:

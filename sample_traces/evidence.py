@@ -87,10 +87,14 @@ def _odd_fingerprints(trace: Trace) -> tuple[pd.DataFrame, pd.Series]:
     return odd.groupby(level="step").any(), finite
 
 
-def _healthy(trace: Trace, replicas: bool = True) -> str:
-    """Equal compute and finite losses; with ``replicas``, equal fingerprints on every rank."""
+def _healthy(trace: Trace, replicas: bool = True, spread: float = 0.1) -> str:
+    """Equal compute (within ``spread``) and finite losses; with ``replicas``, equal
+    fingerprints on every rank."""
     ratio = _compute_ratio(trace)
-    _need(ratio.max() < 1.1 and ratio.min() > 0.9, f"compute differs by rank: {_by_rank(ratio)}")
+    _need(
+        ratio.max() < 1 + spread and ratio.min() > 1 - spread,
+        f"compute differs by rank: {_by_rank(ratio)}",
+    )
     _need(_non_finite(trace).empty, "a non-finite loss")
     line = f"compute {ratio.min():.3f}-{ratio.max():.3f}x median; losses finite"
     if replicas:
@@ -246,7 +250,8 @@ def slow_stage(trace: Trace, rank: int, microbatches: int) -> str:
 
 
 def comm_bound(trace: Trace) -> str:
-    """DDP with one bucket per step whose all-reduce takes longer than the backward before it."""
+    """DDP with one bucket per step whose all-reduce takes longer than the backward before it.
+    Its few milliseconds of compute jitter more across ranks on a shared CPU than a long step's."""
     coll = _after_warmup(trace.collectives)
     per_step = coll.groupby(["rank", "step"]).size()
     _need((per_step == 1).all(), f"buckets per step: {sorted(set(per_step))}")
@@ -257,7 +262,7 @@ def comm_bound(trace: Trace) -> str:
     return (
         f"one {coll['bytes'].iloc[0] / 1e6:.2f} MB bucket per step; its all-reduce takes "
         f"{comm:.1f} ms (median) against {backward:.1f} ms of backward; exposed communication "
-        f"{exposed:.0%} of step; {_healthy(trace)}"
+        f"{exposed:.0%} of step; {_healthy(trace, spread=0.5)}"
     )
 
 
@@ -275,6 +280,6 @@ def crash_at_start(trace: Trace, rank: int) -> str:
     )
     return (
         f"rank {rank} raised {exception['message']} at step 0 in {exception['function']}; "
-        f"ranks {', '.join(map(str, others['rank']))} raised "
+        f"ranks {', '.join(map(str, others['rank']))} "
         f"{', '.join(sorted(set(others['status'])))} from the all-reduce it never joined"
     )

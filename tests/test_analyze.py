@@ -39,6 +39,7 @@ def _ddp_steps(
     ``data`` ms per (rank, step) of input loading come before the compute."""
     groups = groups or [list(range(world))]
     group_of = {r: (str(i), members) for i, members in enumerate(groups) for r in members}
+
     def busy(rank: int, step: int) -> float:
         return data(rank, step) + compute(rank, step)
 
@@ -548,6 +549,9 @@ GOLDEN = {
     "fsdp2": [],
     "pipeline-gpipe": [("pipeline-bubble", [0, 1, 2, 3], 3)],
     "pipeline-1f1b": [("pipeline-bubble", [0, 1, 2, 3], 3)],
+    "pipeline-slow-stage": [("pipeline-bubble", [0, 1, 2, 3], 3), ("slow-stage", [2], 3)],
+    "comm-bound-ddp": [("communication-bound", [0, 1, 2, 3], 4)],
+    "crash-at-start": [("rank-stopped", [1], 0), ("rank-stopped", [0, 2, 3], 0)],
 }
 
 

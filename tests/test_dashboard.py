@@ -123,6 +123,17 @@ def test_overview_headline_and_findings_of_the_straggler() -> None:
     assert len(band) == 40 and (band["min_ms"] <= band["max_ms"]).all()
 
 
+def test_overview_lists_a_consequence_under_its_cause() -> None:
+    body = overview.update(snapshot("pipeline-slow-stage"))
+    listing = body[2].children
+    assert [getattr(c, "className", None) for c in listing] == [
+        "finding-link",
+        "consequences",
+    ]
+    (card,) = [c for c in listing[1].children if hasattr(c, "href")]
+    assert "pipeline-bubble" in str(card.children)
+
+
 def test_ranks_heatmaps_mark_the_culprit_and_show_its_compute() -> None:
     snap = snapshot("straggler-ddp")
     fig = ranks.update(snap, None, None)

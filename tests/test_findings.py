@@ -182,7 +182,7 @@ def test_the_rank_that_raised_first_is_the_cause_and_the_others_follow(tmp_path:
     report = analyze(tmp_path)
     ((cause, consequences),) = report.by_cause()
     assert (cause.code, cause.ranks, cause.first_step) == ("rank-stopped", [1], 0)
-    assert "raised ValueError: bad batch at step 0 in train (train.py:42)" in cause.message
+    assert "raised ValueError in train (train.py:42) at step 0: bad batch" in cause.message
     assert "before its first step" in cause.message
     assert [(f.code, f.ranks) for f in consequences] == [("rank-stopped", [0, 2])]
     assert consequences[0].caused_by == {"code": "rank-stopped", "ranks": [1]}
@@ -229,3 +229,23 @@ def test_a_small_consistent_excess_is_a_straggler(tmp_path: Path) -> None:
     (finding,) = analyze(tmp_path).findings
     assert (finding.code, finding.ranks, finding.severity) == ("straggler", [2], "warning")
     assert finding.evidence["slowdown"] == pytest.approx(1.06, rel=0.01)
+
+
+SAMPLES = Path(__file__).resolve().parents[1] / "sample_traces"
+
+
+@pytest.mark.skipif(not SAMPLES.exists(), reason="no sample traces")
+@pytest.mark.parametrize(
+    ("sample", "consequence", "cause"),
+    [
+        ("pipeline-slow-stage", "pipeline-bubble", {"code": "slow-stage", "ranks": [2]}),
+        ("crash-at-start", "rank-stopped", {"code": "rank-stopped", "ranks": [1]}),
+    ],
+)
+def test_samples_list_their_consequences_under_the_cause(
+    sample: str, consequence: str, cause: dict
+) -> None:
+    report = analyze(SAMPLES / sample)
+    ((root, under),) = report.by_cause()
+    assert {"code": root.code, "ranks": root.ranks} == cause
+    assert [(f.code, f.caused_by) for f in under] == [(consequence, cause)]

@@ -139,6 +139,10 @@ def _stopped(rank: int, rank_last: int, alive: int, furthest: int, meta: dict) -
     status = str(meta.get("status", ""))
     exception = meta.get("exception") or {}
     first = alive + 1
+    suggestion = (
+        f"read rank {rank}'s log around step {first}: the exception, the OOM killer (dmesg) "
+        "or a lost node; the hang finding says what the others waited in"
+    )
     if exception:
         where = ""
         if exception.get("file"):
@@ -146,21 +150,26 @@ def _stopped(rank: int, rank_last: int, alive: int, furthest: int, meta: dict) -
                 f" in {exception.get('function')} ({Path(exception['file']).name}:"
                 f"{exception.get('line')})"
             )
-        why = f"raised {exception.get('message')} at step {exception.get('step')}{where}"
+        text = str(exception.get("message", "")).partition(": ")[2]
+        why = f"raised {exception.get('type')}{where} at step {exception.get('step')}: {text}"
+        suggestion = (
+            f"start from rank {rank}'s {exception.get('type')}{where}: its traceback is in its "
+            "log, and what it raised is in its meta.json"
+        )
     else:
         why = "was killed or lost" if status == "running" else status
     ended = f"after step {alive}" if alive >= 0 else "before its first step"
+    reached = (
+        f"the furthest rank reached step {furthest}" if furthest >= 0 else "no rank ended a step"
+    )
     return Finding(
         code="rank-stopped",
         severity="error",
         ranks=[rank],
         first_step=first,
         last_step=max(furthest, first),
-        message=f"rank {rank} stopped {ended}: it {why}; the furthest rank reached step {furthest}",
-        suggestion=(
-            f"read rank {rank}'s log around step {first}: the exception, the OOM killer (dmesg) "
-            "or a lost node; the hang finding says what the others waited in"
-        ),
+        message=f"rank {rank} stopped {ended}: it {why}; {reached}",
+        suggestion=suggestion,
         evidence={
             "last_step": rank_last,
             "alive_until_step": alive,
