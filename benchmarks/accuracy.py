@@ -64,8 +64,11 @@ class Kind:
     extra: str = ""  # options of the kind; {draws} filled in (see draw())
     hang: bool = False  # the job never ends: stopped once its ranks are stuck
 
+    @property
     def steps(self) -> int:
-        return int(shlex.split(self.options)[shlex.split(self.options).index("--steps") + 1])
+        """The job's ``--steps``."""
+        words = shlex.split(self.options)
+        return int(words[words.index("--steps") + 1])
 
 
 KINDS = (
@@ -331,7 +334,7 @@ def _wait_stuck(
 def score(trial: Trial, report: Report) -> None:
     k = trial.kind
     trial.findings = [f.to_json() for f in report.sorted_findings()]
-    warmup = max(2, k.steps() // 10)
+    warmup = max(2, k.steps // 10)
     # a fault in the warm-up steps the checks skip is expected at the first analysed step;
     # stops and hangs are read whenever they happen
     exact = {"hang", "rank-stopped", "non-finite", "loss-spike", "replica-divergence"}
@@ -417,10 +420,10 @@ def _run_trial(t: Trial, args: argparse.Namespace) -> None:
         flush=True,
     )
     if not t.hit:
-        _print_miss(t)
+        _print_miss(t, args.ranks)
 
 
-def _print_miss(t: Trial) -> None:
+def _print_miss(t: Trial, ranks: int) -> None:
     why = []
     if t.failure:
         why.append(t.failure)
@@ -438,7 +441,11 @@ def _print_miss(t: Trial) -> None:
             f"{f['first_step']}-{f['last_step']}: {f['message']}",
             file=sys.stderr,
         )
-    print(f"    job: torchrun --nproc-per-node 4 {shlex.join(t.argv)}", file=sys.stderr, flush=True)
+    print(
+        f"    job: torchrun --nproc-per-node {ranks} {shlex.join(t.argv)}",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def _table(trials: list[Trial], args: argparse.Namespace, load_before: float, took: float) -> None:

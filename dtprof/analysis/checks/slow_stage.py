@@ -66,6 +66,8 @@ def check(run: RunSummary) -> list[Finding]:
     if median <= 0:
         return []
     slower = busy / median
+    if not set(ranks.tolist()) <= set(pipes):
+        return []  # actions from ranks that did not describe their schedule
     stage_of = {int(r): tuple(pipes[int(r)].get("stage_indices") or [int(r)]) for r in ranks}
     step_ns = values(rows(run.steps, values(run.steps, "step") >= skip), "step_ns", np.float64)
     step_ms = float(np.nanmedian(step_ns)) / 1e6 if len(step_ns) else float("nan")
@@ -73,13 +75,12 @@ def check(run: RunSummary) -> list[Finding]:
     for i in np.flatnonzero(slower >= WARN_SLOWER):
         rank = int(ranks[i])
         findings.append(
-            _finding(run, actions, pipes[rank], stage_of, ranks, busy, rank, median, step_ms, skip)
+            _finding(actions, pipes[rank], stage_of, ranks, busy, rank, median, step_ms, skip)
         )
     return findings
 
 
 def _finding(
-    run: RunSummary,
     actions: pa.Table,
     info: dict[str, Any],
     stage_of: dict[int, tuple[int, ...]],
