@@ -1,7 +1,7 @@
 """Accuracy: faults planted at random in real gloo jobs, each run analysed and scored.
 
     python benchmarks/accuracy.py [--seed 0] [--trials 60] [--kinds straggler,hang,...]
-                                  [--load N] [--ranks 4] [--keep DIR]
+                                  [--load N] [--ranks 4] [--keep DIR | --rescore DIR]
 
 Each trial draws, from the seed, a kind of fault, the rank it is planted on, the step it starts
 at and its size; runs the job (dtprof.jobs.faults, one process per rank); analyses the trace as
@@ -18,6 +18,8 @@ Kinds run in turn (trial i is the i-th kind of the list, round and round), so 60
 every kind about three times. ``--load N`` keeps N busy processes running beside the jobs: the
 thresholds must hold on a busy host. The table goes to stdout, progress and every miss (with
 the findings it got and the job's command line) to stderr. Exit code 1 when any trial missed.
+``--rescore DIR`` runs no job: it analyses again the traces that ``--keep DIR`` kept (the same
+--seed, --trials, --kinds and --ranks draw the same trials), to try a change to a check.
 """
 
 from __future__ import annotations
@@ -373,6 +375,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ranks", type=int, default=4)
     p.add_argument("--load", type=int, default=0, help="busy processes beside the jobs")
     p.add_argument("--keep", type=Path, help="keep each trial's trace and logs under DIR")
+    p.add_argument(
+        "--rescore",
+        type=Path,
+        metavar="DIR",
+        help="run no job: analyse again the traces a run with the same --seed, --trials, "
+        "--kinds and --ranks kept in DIR (after a change to the analysis)",
+    )
     args = p.parse_args(argv)
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
     unknown = sorted(set(kinds) - set(BY_NAME))
@@ -382,11 +391,14 @@ def main(argv: list[str] | None = None) -> int:
     trials = [draw(BY_NAME[kinds[i % len(kinds)]], rng, args.ranks, i) for i in range(args.trials)]
 
     load_before = os.getloadavg()[0]
-    loaders = _load(args.load)
+    loaders = [] if args.rescore else _load(args.load)
     started = time.monotonic()
     try:
         for t in trials:
-            _run_trial(t, args)
+            if args.rescore:
+                _rescore(t, args)
+            else:
+                _run_trial(t, args)
     finally:
         for proc in loaders:
             proc.kill()
@@ -423,6 +435,22 @@ def _run_trial(t: Trial, args: argparse.Namespace) -> None:
         _print_miss(t, args.ranks)
 
 
+def _rescore(t: Trial, args: argparse.Namespace) -> None:
+    """Score a kept trial's trace with this analysis."""
+    trace = args.rescore / f"{t.number:03d}-{t.kind.name}" / "trace"
+    if not trace.is_dir():
+        t.failure = f"{trace} was not kept"
+    else:
+        t.argv = ["-m", "dtprof.jobs.worker", t.kind.situation, *job_args(t, trace, 0)]
+        try:
+            score(t, analyze(trace))
+        except Exception as exc:
+            t.failure = f"analysis raised {type(exc).__name__}: {exc}"
+    if not t.hit:
+        print(f"[accuracy] {t.number + 1} {t.kind.name} ({_describe(t)}): MISS", file=sys.stderr)
+        _print_miss(t, args.ranks)
+
+
 def _print_miss(t: Trial, ranks: int) -> None:
     why = []
     if t.failure:
@@ -452,10 +480,13 @@ def _table(trials: list[Trial], args: argparse.Namespace, load_before: float, to
     by_kind: dict[str, list[Trial]] = defaultdict(list)
     for t in trials:
         by_kind[t.kind.name].append(t)
-    print(
-        f"seed {args.seed}, {len(trials)} trials, {args.ranks} ranks, gloo on CPU, "
-        f"{args.load} busy processes beside; {took / 60:.1f} min"
-    )
+    if args.rescore:
+        print(f"seed {args.seed}, {len(trials)} trials kept in {args.rescore}, analysed again")
+    else:
+        print(
+            f"seed {args.seed}, {len(trials)} trials, {args.ranks} ranks, gloo on CPU, "
+            f"{args.load} busy processes beside; {took / 60:.1f} min"
+        )
     print(
         f"machine: {os.cpu_count()} CPUs, load average {load_before:.1f} before, "
         f"{os.getloadavg()[0]:.1f} after\n"

@@ -8,10 +8,11 @@ shortest ones, since the others are already waiting when it arrives.
 - Chronic: the rank charged with the most waiting caused the most of it in >= 50% of the
   analysed steps, and from the step it became slow (see _onset) its own compute (forward +
   backward + optimizer, no waiting) is >= 1.10x the median of the ranks, or >= 1.03x when it
-  caused the most waiting in >= 75% of those steps: a small excess, held that consistently, is
-  no jitter (warning; >= 1.20x: error). It must still be that slow over the last quarter of
-  the steps (else it was a passing window), and its extra compute must account for at least
-  half of the waiting it caused (else it was late from its data phase: data-stall's).
+  caused the most waiting in >= 75% of those steps, at least 10: a small excess, held that
+  consistently, is no jitter (warning; >= 1.20x: error). It must still be that slow over the
+  last quarter of the steps (else it was a passing window), and its extra compute must account
+  for at least a quarter of the waiting it caused (else it was late from its data phase:
+  data-stall's). Where it became slow: see _onset.
 - Transient: otherwise, a window of >= 5 consecutive steps in each of which the same rank caused
   the most waiting with compute >= 1.10x that step's median, >= 1.20x over the window
   (a warning per window; the worst three are reported).
@@ -21,6 +22,7 @@ The first steps (10%, at least 2) are skipped: DDP rebuilds its buckets and cach
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,7 +37,8 @@ ERROR_SLOWDOWN = 1.20
 CHRONIC_SHARE = 0.5
 CONSISTENT_SHARE = 0.75  # held the others up in this share of its steps: a small excess counts
 CONSISTENT_SLOWDOWN = 1.03
-EXPLAINED_SHARE = 0.5  # of the waiting it caused, its extra compute accounts for at least this
+CONSISTENT_STEPS = 10  # of them at least: in fewer, a rank comes last that often by chance
+EXPLAINED_SHARE = 0.25  # of the waiting it caused, its extra compute accounts for at least this
 MIN_STEPS = 5
 WINDOW_STEPS = 5
 WINDOW_SLOWDOWN = 1.20
@@ -132,11 +135,14 @@ def check(run: RunSummary) -> list[Finding]:
     suspect = int(ranks[np.argmax(_sum(inverse.ravel(), len(ranks), arr.caused_ns))])
     if (step_culprit == suspect).mean() >= CHRONIC_SHARE:
         # judged from the step it became slow: before it, it was one of the others
-        onset = _onset(steps, suspect)
+        onset = _onset(steps, culprit_steps, step_culprit, suspect)
         since = rows(steps, values(steps, "step") >= onset)
         share = float((step_culprit[culprit_steps >= onset] == suspect).mean())
         slowdown = _slowdown(since, suspect)
-        bar = CONSISTENT_SLOWDOWN if share >= CONSISTENT_SHARE else WARN_SLOWDOWN
+        consistent = (
+            share >= CONSISTENT_SHARE and len(np.unique(values(since, "step"))) >= CONSISTENT_STEPS
+        )
+        bar = CONSISTENT_SLOWDOWN if consistent else WARN_SLOWDOWN
         tail = rows(since, values(since, "step") >= _tail_from(since))
         if (
             slowdown >= bar
@@ -185,32 +191,42 @@ def _slowdown(steps: pa.Table, rank: int) -> float:
     return float(own / _median(compute))
 
 
-def _onset(steps: pa.Table, suspect: int) -> int:
-    """The step a chronic straggler became slow: the split of its compute / the step's median
-    into a level before and a level after that fits best (least squares), when the level before
-    is nearer to the others' than to its own after; else the first analysed step."""
+def _onset(
+    steps: pa.Table, culprit_steps: np.ndarray, step_culprit: np.ndarray, suspect: int
+) -> int:
+    """The step a chronic straggler became slow: where its compute over the step's median
+    splits best into a level before, nearer the others' than its own after, and that level;
+    where that fails (a few percent of excess is within a step's jitter, and a rank may have
+    been a little slower all along), where the share of steps it held the others up in splits
+    best into at most half and the rest; else the first analysed step."""
     step_no, rank_no, compute = _compute_matrix(steps)
     col = np.searchsorted(rank_no, suspect)
     with np.errstate(all="ignore"):
-        ratio = compute[:, col] / np.nanmedian(compute, axis=1)
-    known = ~np.isnan(ratio)
-    step_no, ratio = step_no[known], ratio[known]
-    if len(ratio) < MIN_STEPS + ONSET_STEPS:
-        return int(step_no[0]) if len(step_no) else 0
-    # sums of squared deviations from each side's mean, for every split point k (after >= k)
-    total, square = np.cumsum(ratio), np.cumsum(ratio**2)
-    n = np.arange(1, len(ratio) + 1)
-    k = np.arange(ONSET_STEPS, len(ratio) - MIN_STEPS + 1)  # the slow side: MIN_STEPS at least
+        excess = compute[:, col] / np.nanmedian(compute, axis=1) - 1
+    known = ~np.isnan(excess)
+    at = _split(excess[known], lambda before, after: before < after / 2)
+    if at is not None:
+        return int(step_no[known][at])
+    held = (step_culprit == suspect).astype(np.float64)
+    at = _split(held, lambda before, after: before <= after / 2)
+    return int(culprit_steps[at]) if at is not None else int(culprit_steps[0])
+
+
+def _split(x: np.ndarray, accept: Callable[[float, float], bool]) -> int | None:
+    """The index where x splits best (least squares) into a level before and one after (at
+    least ONSET_STEPS before, MIN_STEPS after), if accept(level before, level after)."""
+    if len(x) < MIN_STEPS + ONSET_STEPS:
+        return None
+    total, square, n = np.cumsum(x), np.cumsum(x**2), np.arange(1, len(x) + 1)
+    k = np.arange(ONSET_STEPS, len(x) - MIN_STEPS + 1)
     before_sse = square[k - 1] - total[k - 1] ** 2 / n[k - 1]
     after_sum, after_sq, after_n = (
         total[-1] - total[k - 1],
         square[-1] - square[k - 1],
         n[-1] - n[k - 1],
     )
-    sse = before_sse + after_sq - after_sum**2 / after_n
-    best = int(k[np.argmin(sse)])
-    before, after = float(np.mean(ratio[:best])), float(np.mean(ratio[best:]))
-    return int(step_no[best]) if before - 1 < (after - 1) / 2 else int(step_no[0])
+    best = int(k[np.argmin(before_sse + after_sq - after_sum**2 / after_n)])
+    return best if accept(float(np.mean(x[:best])), float(np.mean(x[best:]))) else None
 
 
 def _step_culprits(arr: Arrivals) -> tuple[np.ndarray, np.ndarray]:
