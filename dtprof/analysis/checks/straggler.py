@@ -198,18 +198,26 @@ def _onset(
     splits best into a level before, nearer the others' than its own after, and that level;
     where that fails (a few percent of excess is within a step's jitter, and a rank may have
     been a little slower all along), where the share of steps it held the others up in splits
-    best into at most half and the rest; else the first analysed step."""
+    best into at most half and the rest; else the first analysed step. Either way at least half
+    of the steps it held the others up in come after it: that is the evidence it is chronic."""
+    held = (step_culprit == suspect).astype(np.float64)
     step_no, rank_no, compute = _compute_matrix(steps)
     col = np.searchsorted(rank_no, suspect)
     with np.errstate(all="ignore"):
         excess = compute[:, col] / np.nanmedian(compute, axis=1) - 1
     known = ~np.isnan(excess)
     at = _split(excess[known], lambda before, after: before < after / 2)
-    if at is not None:
+    if at is not None and _most_held_after(culprit_steps, held, int(step_no[known][at])):
         return int(step_no[known][at])
-    held = (step_culprit == suspect).astype(np.float64)
     at = _split(held, lambda before, after: before <= after / 2)
-    return int(culprit_steps[at]) if at is not None else int(culprit_steps[0])
+    if at is not None and _most_held_after(culprit_steps, held, int(culprit_steps[at])):
+        return int(culprit_steps[at])
+    return int(culprit_steps[0])
+
+
+def _most_held_after(culprit_steps: np.ndarray, held: np.ndarray, step: int) -> bool:
+    """Whether at least half of the steps a rank held the others up in are from ``step`` on."""
+    return float(held[culprit_steps >= step].sum()) >= float(held[culprit_steps < step].sum())
 
 
 def _split(x: np.ndarray, accept: Callable[[float, float], bool]) -> int | None:
