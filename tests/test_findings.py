@@ -11,6 +11,7 @@ import pytest
 import dtprof
 from dtprof.analysis import analyze
 from dtprof.analysis.checks.memory_growth import growth_onset
+from dtprof.analysis.checks.straggler import _chance_held
 from dtprof.analysis.render import markdown, text
 from tests.tracebuild import rank_meta, write_rank
 
@@ -229,6 +230,38 @@ def test_a_small_consistent_excess_is_a_straggler(tmp_path: Path) -> None:
     (finding,) = analyze(tmp_path).findings
     assert (finding.code, finding.ranks, finding.severity) == ("straggler", [2], "warning")
     assert finding.evidence["slowdown"] == pytest.approx(1.06, rel=0.01)
+
+
+def _mostly_last(rank: int, step: int) -> float:
+    """Rank 2 is 6% slower; in 3 steps of 10 rank 0 is slower still and holds the others up."""
+    if rank == 0 and step % 10 in (1, 4, 7):
+        return 23.0
+    return 21.2 if rank == 2 else 20.0
+
+
+def test_a_small_excess_held_in_most_of_many_steps_is_a_straggler(tmp_path: Path) -> None:
+    """Last in 7 steps of 10 over 36 steps: equal ranks would do that once in ~10^7 runs."""
+    from tests.test_analyze import _ddp_steps
+
+    _ddp_steps(tmp_path, 4, 40, _mostly_last)
+    (finding,) = analyze(tmp_path).findings
+    assert (finding.code, finding.ranks, finding.severity) == ("straggler", [2], "warning")
+    assert finding.evidence["steps_last"] == pytest.approx(0.7, abs=0.03)
+
+
+def test_the_same_share_of_a_few_steps_is_no_straggler(tmp_path: Path) -> None:
+    """Last in 7 of 10 analysed steps: equal ranks would do that in ~1% of runs."""
+    from tests.test_analyze import _ddp_steps
+
+    _ddp_steps(tmp_path, 4, 12, _mostly_last)
+    assert [f.code for f in analyze(tmp_path).findings] == []
+
+
+def test_the_chance_of_holding_the_others_up_is_a_binomial_tail() -> None:
+    # 4 ranks: P(X >= 9 of 10) = 10 x 0.25^9 x 0.75 + 0.25^10, times 4
+    assert _chance_held(9, 10, 4) == pytest.approx(4 * (10 * 0.25**9 * 0.75 + 0.25**10))
+    assert _chance_held(0, 10, 4) == 1.0
+    assert _chance_held(19, 26, 4) < 1e-5 < _chance_held(8, 10, 4) < 0.01
 
 
 SAMPLES = Path(__file__).resolve().parents[1] / "sample_traces"

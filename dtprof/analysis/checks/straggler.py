@@ -8,8 +8,9 @@ shortest ones, since the others are already waiting when it arrives.
 - Chronic: the rank charged with the most waiting caused the most of it in >= 50% of the
   analysed steps, and from the step it became slow (see _onset) its own compute (forward +
   backward + optimizer, no waiting) is >= 1.10x the median of the ranks, or >= 1.03x when it
-  caused the most waiting in >= 75% of those steps, at least 10: a small excess, held that
-  consistently, is no jitter (warning; >= 1.20x: error). It must still be that slow over the
+  caused the most waiting in so many of those steps that ranks of equal speed would come to it
+  by chance less than once in a thousand runs: a small excess, held that consistently, is no
+  jitter (warning; >= 1.20x: error). It must still be that slow over the
   last quarter of the steps (else it was a passing window), and its extra compute must account
   for at least a quarter of the waiting it caused (else it was late from its data phase:
   data-stall's). Where it became slow: see _onset.
@@ -35,9 +36,8 @@ from dtprof.analysis.summarize import RunSummary
 WARN_SLOWDOWN = 1.10
 ERROR_SLOWDOWN = 1.20
 CHRONIC_SHARE = 0.5
-CONSISTENT_SHARE = 0.75  # held the others up in this share of its steps: a small excess counts
-CONSISTENT_SLOWDOWN = 1.03
-CONSISTENT_STEPS = 10  # of them at least: in fewer, a rank comes last that often by chance
+CONSISTENT_SLOWDOWN = 1.03  # enough for a rank that held the others up consistently:
+CONSISTENT_CHANCE = 0.001  # as often as equal ranks would by chance at most this rarely
 EXPLAINED_SHARE = 0.25  # of the waiting it caused, its extra compute accounts for at least this
 MIN_STEPS = 5
 WINDOW_STEPS = 5
@@ -137,12 +137,11 @@ def check(run: RunSummary) -> list[Finding]:
         # judged from the step it became slow: before it, it was one of the others
         onset = _onset(steps, culprit_steps, step_culprit, suspect)
         since = rows(steps, values(steps, "step") >= onset)
-        share = float((step_culprit[culprit_steps >= onset] == suspect).mean())
+        held = step_culprit[culprit_steps >= onset] == suspect
+        share = float(held.mean())
         slowdown = _slowdown(since, suspect)
-        consistent = (
-            share >= CONSISTENT_SHARE and len(np.unique(values(since, "step"))) >= CONSISTENT_STEPS
-        )
-        bar = CONSISTENT_SLOWDOWN if consistent else WARN_SLOWDOWN
+        by_chance = _chance_held(int(held.sum()), len(held), run.world_size)
+        bar = CONSISTENT_SLOWDOWN if by_chance <= CONSISTENT_CHANCE else WARN_SLOWDOWN
         tail = rows(since, values(since, "step") >= _tail_from(since))
         if (
             slowdown >= bar
@@ -151,6 +150,23 @@ def check(run: RunSummary) -> list[Finding]:
         ):
             return [_finding(run, since, arr, suspect, slowdown, chronic=True, share=share)]
     return _transient(run, steps, arr, culprit_steps, step_culprit)
+
+
+def _chance_held(held: int, steps: int, ranks: int) -> float:
+    """The chance that, of ``ranks`` equally fast ranks, one would hold the others up in at
+    least ``held`` of ``steps`` steps: each is the step's culprit with chance 1/ranks, so a
+    binomial tail, times the ranks (any one of them could have been the suspect)."""
+    p = 1 / ranks
+    j = np.arange(held, steps + 1)
+    log_factorial = np.r_[0.0, np.cumsum(np.log(np.arange(1, steps + 1)))]
+    log_terms = (
+        log_factorial[steps]
+        - log_factorial[j]
+        - log_factorial[steps - j]
+        + j * np.log(p)
+        + (steps - j) * np.log1p(-p)
+    )
+    return min(1.0, ranks * float(np.exp(log_terms).sum()))
 
 
 def _tail_from(steps: pa.Table) -> int:
