@@ -268,7 +268,8 @@ def test_exposure_a_straggler_causes_on_the_others_is_no_poor_overlap(tmp_path: 
                 rows["collectives"].append((*row, own, last + 8 * MS, True, f"ddp.bucket{bucket}"))
         write_rank(tmp_path, rank_meta(rank, 3), rows)
     from dtprof.analysis import _summarize
-    from dtprof.analysis.checks import poor_overlap, straggler
+    from dtprof.analysis.arrivals import last_arrival_shares
+    from dtprof.analysis.checks import poor_overlap
     from dtprof.analysis.columns import values
     from dtprof.analysis.summarize import combine
     from dtprof.trace.reader import find_rank_dirs
@@ -280,13 +281,13 @@ def test_exposure_a_straggler_causes_on_the_others_is_no_poor_overlap(tmp_path: 
     step_ns = 10 * 60 * MS
     exposed = {rank: round((comm - overlap) / step_ns, 3) for rank, (comm, overlap) in per.items()}
     assert exposed == {0: 0.267, 1: 0.267, 2: 0.117}
-    assert straggler.last_arrival_shares(run, skip) == {0: 0.0, 1: 0.0, 2: 1.0}
+    assert last_arrival_shares(run, skip) == {0: 0.0, 1: 0.0, 2: 1.0}
     codes = [f.code for f in analyze(tmp_path).findings]
     assert "poor-overlap" not in codes and "straggler" in codes
 
 
 def test_bubble_theory_per_schedule() -> None:
-    from dtprof.analysis.checks.pipeline_bubble import theory
+    from dtprof.analysis.pipeline import schedule_bubble as theory
 
     assert theory("ScheduleGPipe", 4, 4, 1) == pytest.approx(3 / 7)
     assert theory("Schedule1F1B", 4, 8, 1) == pytest.approx(3 / 11)

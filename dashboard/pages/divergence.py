@@ -17,8 +17,8 @@ from dashboard.links import parse_ranks, parse_steps
 from dashboard.rundata import RunData
 from dashboard.shape import band, grid, only_ranks
 from dashboard.source import Snapshot
-from dtprof.analysis.checks.replica_divergence import odd_ranks
 from dtprof.analysis.columns import distinct
+from dtprof.analysis.fingerprints import odd_ranks
 
 PATH = "/divergence"
 TITLE = "Divergence"

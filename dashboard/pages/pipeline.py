@@ -14,9 +14,8 @@ from dashboard.components import graph, note, text_input
 from dashboard.rundata import RunData
 from dashboard.shape import MAX_RANK_BINS, rank_bins
 from dashboard.source import Snapshot
-from dtprof.analysis.checks.pipeline_bubble import theory
-from dtprof.analysis.checks.straggler import warmup_steps
-from dtprof.analysis.columns import values
+from dtprof.analysis.columns import values, warmup_steps
+from dtprof.analysis.pipeline import schedule_bubble
 
 PATH = "/pipeline"
 TITLE = "Pipeline"
@@ -126,7 +125,7 @@ def update(snap: Snapshot, step_text: str | None) -> list[go.Figure]:
             f"{info['microbatches']} microbatches · step {step}"
         }
     )
-    expected = theory(
+    expected = schedule_bubble(
         info["schedule"],
         info["stages"],
         info["microbatches"],

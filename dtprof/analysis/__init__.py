@@ -16,7 +16,7 @@ import numpy as np
 
 from dtprof.analysis.causes import link
 from dtprof.analysis.checks import CHECKS
-from dtprof.analysis.columns import values
+from dtprof.analysis.columns import nan_median, values
 from dtprof.analysis.gpu import gpu_summary
 from dtprof.analysis.imported import summarize_imported
 from dtprof.analysis.report import Finding, Report
@@ -222,7 +222,7 @@ def _summary(run: RunSummary) -> dict[str, Any]:
     }
     rows, step_ms = [], []
     for r, lo, hi in zip(ranks.tolist(), starts.tolist(), ends, strict=True):
-        ms = {f"{name}_ms": _median(v[lo:hi]) / 1e6 for name, v in times.items()}
+        ms = {f"{name}_ms": nan_median(v[lo:hi]) / 1e6 for name, v in times.items()}
         other = ms["step_ms"] - np.nan_to_num(ms["compute_ms"]) - np.nan_to_num(ms["data_ms"])
         rows.append(
             {
@@ -233,16 +233,10 @@ def _summary(run: RunSummary) -> dict[str, Any]:
             }
         )
         step_ms.append(ms["step_ms"])
-    out = {"ranks": rows, "median_step_ms": _round(_median(np.array(step_ms)))}
+    out = {"ranks": rows, "median_step_ms": _round(nan_median(np.array(step_ms)))}
     if run.gpu.num_rows:
         out.update(gpu_summary(run.gpu))
     return out
-
-
-def _median(values: np.ndarray) -> float:
-    """The median of the values that are not NaN (NaN if none), as pandas takes it."""
-    values = values[~np.isnan(values)]
-    return float(np.median(values)) if len(values) else float("nan")
 
 
 def _round(value: float) -> float | None:

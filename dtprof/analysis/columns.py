@@ -1,4 +1,5 @@
-"""numpy views of the summaries' Arrow tables, and the group-bys the checks share.
+"""numpy views of the summaries' Arrow tables, and what the checks share: group-bys, medians,
+the warm-up steps they skip.
 
 The summaries are Arrow tables (the trace's own format); the checks compute on numpy arrays
 of their columns. Rules kept from pandas, which the analyzer used before: text columns are
@@ -97,6 +98,28 @@ def group_sum(inverse: np.ndarray, n: int, weights: np.ndarray, min_count: int =
     if min_count:
         total[np.bincount(inverse[known], minlength=n) < min_count] = np.nan
     return total
+
+
+def group_sum_ns(inverse: np.ndarray, n: int, ns: np.ndarray) -> np.ndarray:
+    """Per group, the sum of integer ns, exact."""
+    total = np.zeros(n, np.int64)
+    np.add.at(total, inverse, ns)
+    return total
+
+
+def nan_median(x: np.ndarray) -> float:
+    """The median of the values that are not NaN; NaN where none (as pandas takes it)."""
+    x = x[~np.isnan(x)]
+    return float(np.median(x)) if len(x) else float("nan")
+
+
+def warmup_steps(steps: np.ndarray) -> int:
+    """How many first steps the checks skip: 10% of them, at least 2 (DDP rebuilds its buckets
+    in the first steps, and caches are cold)."""
+    steps = np.asarray(steps)
+    if steps.dtype.kind == "f":
+        steps = steps[~np.isnan(steps)]
+    return max(2, len(np.unique(steps)) // 10)
 
 
 def group_median(inverse: np.ndarray, n: int, data: np.ndarray) -> np.ndarray:

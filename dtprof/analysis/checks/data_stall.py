@@ -13,8 +13,7 @@ from itertools import pairwise
 
 import numpy as np
 
-from dtprof.analysis.checks.straggler import warmup_steps
-from dtprof.analysis.columns import group_sum, groups, rows, values
+from dtprof.analysis.columns import group_sum, groups, nan_median, rows, values, warmup_steps
 from dtprof.analysis.report import Finding
 from dtprof.analysis.summarize import RunSummary
 
@@ -32,8 +31,8 @@ def check(run: RunSummary) -> list[Finding]:
     steps = rows(steps, values(steps, "step") >= warmup_steps(values(steps, "step")))
     step, rank = values(steps, "step"), values(steps, "rank")
     step_ns, data_ns = values(steps, "step_ns", np.float64), values(steps, "data_ns", np.float64)
-    median_step = _median(step_ns)
-    median_data = _median(data_ns)
+    median_step = nan_median(step_ns)
+    median_data = nan_median(data_ns)
     bar = max(STEP_SHARE * median_step, OVER_MEDIAN * median_data)
     (ranks,), inverse = groups(rank)
     time_ns = group_sum(inverse, len(ranks), step_ns)
@@ -66,7 +65,7 @@ def check(run: RunSummary) -> list[Finding]:
                 last_step=stall_steps[-1],
                 message=(
                     f"rank {r} waited for its input in {len(stall_steps)} steps{every} "
-                    f"(median {_median(stall_ns) / 1e6:.1f} ms against "
+                    f"(median {nan_median(stall_ns) / 1e6:.1f} ms against "
                     f"{median_data / 1e6:.2f} ms usually), {share:.0%} of its time; the other "
                     "ranks waited for it at the next collective"
                 ),
@@ -77,7 +76,7 @@ def check(run: RunSummary) -> list[Finding]:
                 ),
                 evidence={
                     "stall_steps": stall_steps,
-                    "stall_ms_median": round(_median(stall_ns) / 1e6, 3),
+                    "stall_ms_median": round(nan_median(stall_ns) / 1e6, 3),
                     "data_ms_median": round(median_data / 1e6, 3),
                     "period_steps": period,
                     "lost_s": round(lost_s, 6),
@@ -86,9 +85,3 @@ def check(run: RunSummary) -> list[Finding]:
             )
         )
     return findings
-
-
-def _median(x: np.ndarray) -> float:
-    """The median of the values that are not NaN; NaN where none."""
-    x = x[~np.isnan(x)]
-    return float(np.median(x)) if len(x) else float("nan")

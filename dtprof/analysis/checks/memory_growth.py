@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dtprof.analysis.checks.straggler import warmup_steps
-from dtprof.analysis.columns import codes, rows, sort_order, values
+from dtprof.analysis.columns import codes, rows, sort_order, values, warmup_steps
 from dtprof.analysis.report import Finding
 from dtprof.analysis.summarize import RunSummary
 

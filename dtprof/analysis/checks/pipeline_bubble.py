@@ -16,26 +16,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from dtprof.analysis.checks.straggler import warmup_steps
-from dtprof.analysis.columns import group_union_ns, groups, rows, values
+from dtprof.analysis.columns import group_union_ns, groups, rows, values, warmup_steps
+from dtprof.analysis.pipeline import schedule_bubble
 from dtprof.analysis.report import Finding
 from dtprof.analysis.summarize import RunSummary
 
 INFO_FROM = 0.05
 WARN_FROM = 0.20
 ERROR_FROM = 0.50
-
-
-def theory(schedule: str, stages: int, microbatches: int, per_rank: int) -> float:
-    """The idle fraction the schedule itself implies."""
-    p, m, v = stages // max(per_rank, 1), microbatches, max(per_rank, 1)
-    if p <= 1:
-        return 0.0
-    if "ZeroBubble" in schedule or "ZBV" in schedule or "DualPipe" in schedule:
-        return (p - 1) / (3 * (v * m + p - 1))
-    if v > 1:
-        return (p - 1) / (v * m + p - 1)
-    return (p - 1) / (m + p - 1)
 
 
 def check(run: RunSummary) -> list[Finding]:
@@ -61,7 +49,7 @@ def check(run: RunSummary) -> list[Finding]:
     busy = group_union_ns(inverse[:n], int(inverse.max()) + 1, start, end)[inverse[n:]]
     idle = np.maximum(step_ns - busy, 0)
     measured = float(np.nansum(idle) / np.nansum(step_ns))
-    expected = theory(
+    expected = schedule_bubble(
         info["schedule"],
         info["stages"],
         info["microbatches"],
@@ -86,7 +74,7 @@ def check(run: RunSummary) -> list[Finding]:
     p, m = info["stages"], info["microbatches"]
     v = info.get("virtual_stages_per_rank", 1)
     more = 4 * m
-    predicted = theory(info["schedule"], p, more, v)
+    predicted = schedule_bubble(info["schedule"], p, more, v)
     severity = "error" if measured >= ERROR_FROM else "warning" if measured >= WARN_FROM else "info"
     analysed = np.unique(values(actions, "step"))
     return [
@@ -106,7 +94,7 @@ def check(run: RunSummary) -> list[Finding]:
             suggestion=(
                 f"use {more} microbatches (theory: {predicted:.0%} bubble) or an interleaved or "
                 f"zero-bubble schedule (ScheduleInterleaved1F1B with 2 stages per rank: "
-                f"{theory('ScheduleInterleaved1F1B', 2 * p, m, 2):.0%})"
+                f"{schedule_bubble('ScheduleInterleaved1F1B', 2 * p, m, 2):.0%})"
             ),
             evidence={
                 "schedule": info["schedule"],

@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from dtprof.analysis.checks.straggler import last_arrival_shares, warmup_steps
-from dtprof.analysis.columns import group_sum, groups, is_null, rows, values
+from dtprof.analysis.arrivals import last_arrival_shares
+from dtprof.analysis.columns import group_sum, groups, is_null, rows, values, warmup_steps
 from dtprof.analysis.report import Finding
 from dtprof.analysis.summarize import COMPUTE_PHASES, RunSummary
 

@@ -17,8 +17,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from dtprof.analysis.checks.straggler import warmup_steps
-from dtprof.analysis.columns import group_median, group_union_ns, groups, rows, values
+from dtprof.analysis.columns import group_median, group_union_ns, groups, rows, values, warmup_steps
 from dtprof.analysis.report import Finding
 from dtprof.analysis.summarize import RunSummary
 

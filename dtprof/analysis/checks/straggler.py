@@ -24,12 +24,20 @@ The first steps (10%, at least 2) are skipped: DDP rebuilds its buckets and cach
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 
-from dtprof.analysis.columns import group_median, groups, rows, values
+from dtprof.analysis.arrivals import Arrivals, arrivals
+from dtprof.analysis.columns import (
+    group_median,
+    group_sum_ns,
+    groups,
+    nan_median,
+    rows,
+    values,
+    warmup_steps,
+)
 from dtprof.analysis.report import Finding
 from dtprof.analysis.summarize import RunSummary
 
@@ -46,79 +54,6 @@ MAX_WINDOWS = 3
 ONSET_STEPS = 2  # a chronic straggler's onset is found from this many analysed steps on
 
 
-def warmup_steps(steps: np.ndarray) -> int:
-    """How many first steps to skip: 10% of them, at least 2."""
-    steps = np.asarray(steps)
-    if steps.dtype.kind == "f":
-        steps = steps[~np.isnan(steps)]
-    return max(2, len(np.unique(steps)) // 10)
-
-
-@dataclass(frozen=True)
-class Arrivals:
-    """Who arrived last at each complete collective, and who waited how long, per step."""
-
-    step: np.ndarray  # per complete collective: its step,
-    culprit: np.ndarray  # the rank that entered it last (ties: the lowest),
-    caused_ns: np.ndarray  # and the others' waiting for it
-    wait_step: np.ndarray  # per (step, member rank), sorted: the step,
-    wait_rank: np.ndarray  # the rank,
-    wait_ns: np.ndarray  # and its waiting at the step's collectives
-    last_share: dict[int, float]  # by rank: share of the collectives it entered last
-
-
-def last_arrival_shares(run: RunSummary, first_step: int) -> dict[int, float]:
-    """By rank: the share of the complete collectives from first_step on that it took part in
-    and entered last (a tie counts for every rank in it)."""
-    last_counts: dict[int, int] = {}
-    member_rows: dict[int, int] = {}
-    for g in run.matched:
-        keep = g.complete & (g.step >= first_step)
-        if not keep.any():
-            continue
-        start, kept = g.start[keep], int(keep.sum())
-        last = (start == start.max(axis=1, keepdims=True)).sum(axis=0)
-        for rank, n in zip(g.ranks.tolist(), last.tolist(), strict=True):
-            last_counts[rank] = last_counts.get(rank, 0) + n
-            member_rows[rank] = member_rows.get(rank, 0) + kept
-    return {rank: last_counts[rank] / member_rows[rank] for rank in sorted(last_counts)}
-
-
-def arrivals(run: RunSummary, first_step: int) -> Arrivals:
-    """Charge the waiting at every complete collective from first_step on to its last arriver."""
-    culprits, waited = [], []
-    for g in run.matched:
-        keep = g.complete & (g.step >= first_step)
-        if not keep.any():
-            continue
-        start, step = g.start[keep], g.step[keep]
-        last = start.max(axis=1)
-        wait = last[:, None] - start
-        culprits.append((step, g.ranks[start.argmax(axis=1)], wait.sum(axis=1)))
-        order = np.argsort(step, kind="stable")
-        steps, bounds = np.unique(step[order], return_index=True)
-        per_step = np.add.reduceat(wait[order], bounds, axis=0)
-        waited.append(
-            (np.repeat(steps, len(g.ranks)), np.tile(g.ranks, len(steps)), per_step.ravel())
-        )
-    shares = last_arrival_shares(run, first_step)
-    if not culprits:
-        none = np.zeros(0, np.int64)
-        return Arrivals(none, none, none, none, none, none, shares)
-    step, culprit, caused = (np.concatenate(c) for c in zip(*culprits, strict=True))
-    w_step, w_rank, w_ns = (np.concatenate(c) for c in zip(*waited, strict=True))
-    (wait_step, wait_rank), inverse = groups(w_step, w_rank)
-    wait_ns = _sum(inverse, len(wait_step), w_ns)
-    return Arrivals(step, culprit, caused, wait_step, wait_rank, wait_ns, shares)
-
-
-def _sum(inverse: np.ndarray, n: int, ns: np.ndarray) -> np.ndarray:
-    """Per group, the sum of integer ns, exact."""
-    total = np.zeros(n, np.int64)
-    np.add.at(total, inverse, ns)
-    return total
-
-
 def check(run: RunSummary) -> list[Finding]:
     if run.world_size < 2 or not run.collectives.num_rows or not run.steps.num_rows:
         return []
@@ -132,7 +67,7 @@ def check(run: RunSummary) -> list[Finding]:
         return []
     culprit_steps, step_culprit = _step_culprits(arr)
     ranks, inverse = np.unique(arr.culprit, return_inverse=True)
-    suspect = int(ranks[np.argmax(_sum(inverse.ravel(), len(ranks), arr.caused_ns))])
+    suspect = int(ranks[np.argmax(group_sum_ns(inverse.ravel(), len(ranks), arr.caused_ns))])
     if (step_culprit == suspect).mean() >= CHRONIC_SHARE:
         # judged from the step it became slow: before it, it was one of the others
         onset = _onset(steps, culprit_steps, step_culprit, suspect)
@@ -204,7 +139,7 @@ def _slowdown(steps: pa.Table, rank: int) -> float:
     step_ranks, compute = _by_rank_median(values(steps, "rank"), values(steps, "compute_ns", float))
     at = np.searchsorted(step_ranks, rank)
     own = compute[at] if at < len(step_ranks) and step_ranks[at] == rank else np.nan
-    return float(own / _median(compute))
+    return float(own / nan_median(compute))
 
 
 def _onset(
@@ -258,17 +193,11 @@ def _step_culprits(arr: Arrivals) -> tuple[np.ndarray, np.ndarray]:
     in it, the lowest of equals; in a step where none caused any, the lowest culprit of all (the
     first column of a step x rank table of the waiting caused)."""
     (step, rank), inverse = groups(arr.step, arr.culprit)
-    caused = _sum(inverse, len(step), arr.caused_ns)
+    caused = group_sum_ns(inverse, len(step), arr.caused_ns)
     order = np.lexsort((-caused, step))  # stable: ranks ascending among equals
     top = order[np.r_[True, np.diff(step[order]) != 0]]
     culprit = np.where(caused[top] > 0, rank[top], rank.min())
     return step[top], culprit
-
-
-def _median(x: np.ndarray) -> np.float64:
-    """The median of the values that are not NaN; NaN where none."""
-    x = x[~np.isnan(x)]
-    return np.median(x) if len(x) else np.float64(np.nan)
 
 
 def _transient(
