@@ -143,9 +143,9 @@ def _measure(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     _log(f"trace size: dtprof and torch.profiler blocks of {long_steps} steps")
     *_, prof = block("dtprof", long_steps, "long-dtprof")
     meta = prof.meta
-    kernel = meta.get("ddp_buckets_kernel") or meta.get("ddp_buckets_via", "none")
-    if meta.get("ddp_buckets_native"):
-        kernel += f" (native: {meta['ddp_buckets_native']})"
+    kernel = meta.ddp_buckets_kernel or meta.ddp_buckets_via or "none"
+    if meta.ddp_buckets_native:
+        kernel += f" (native: {meta.ddp_buckets_native})"
     kineto_json = root / f"kineto-{rank}.json"
     if "torch.profiler" in modes:
         *_, kineto = block("torch.profiler", long_steps, "long-torch.profiler")

@@ -27,6 +27,7 @@ from dtprof.analysis.summarize import (
     summarize_frames,
 )
 from dtprof.trace.follow import read_rank
+from dtprof.trace.meta import InflightOp, RankMeta
 from dtprof.trace.reader import clock_params, rank_table
 from dtprof.trace.schema import TABLES
 
@@ -52,7 +53,7 @@ class Held:
         return self.summary.gpu.num_rows > 0
 
 
-def fresh(job: tuple[int, str, dict[str, Any], list[dict[str, Any]]]) -> tuple[Held, Any, int]:
+def fresh(job: tuple[int, str, RankMeta, list[InflightOp]]) -> tuple[Held, Any, int]:
     """(rank, folder, meta, inflight rows) -> the rank summarized from the start of its
     folder, the follower cursors after what was read, the bytes read. Runs in a worker."""
     rank, folder, meta, inflight = job
@@ -61,10 +62,10 @@ def fresh(job: tuple[int, str, dict[str, Any], list[dict[str, Any]]]) -> tuple[H
 
 
 def build(
-    rank: int, meta: dict[str, Any], tables: dict[str, pa.Table], inflight: list[dict[str, Any]]
+    rank: int, meta: RankMeta, tables: dict[str, pa.Table], inflight: list[InflightOp]
 ) -> Held:
     """A rank's Held from all of its rows."""
-    summary = summarize_frames({**meta, "rank": rank}, tables, inflight)
+    summary = summarize_frames(meta, tables, inflight)
     return Held(
         summary=summary,
         pending=_phase_time(rank, meta, tables, after=_last_step(summary.steps)),
@@ -74,13 +75,13 @@ def build(
 
 def extend(
     held: Held,
-    meta: dict[str, Any],
+    meta: RankMeta,
     tables: dict[str, pa.Table],
-    inflight: list[dict[str, Any]] | None,
+    inflight: list[InflightOp] | None,
 ) -> Held:
     """``held`` with one poll's new rows of its rank (inflight: the new list, None: unchanged)."""
     rank = held.summary.rank
-    part = summarize_frames({**meta, "rank": rank}, tables, inflight or [])
+    part = summarize_frames(meta, tables, inflight or [])
     sums = _per_step(pa.concat_tables([held.pending, _phase_time(rank, meta, tables, after=-1)]))
     steps = part.steps
     keys, step = values(sums, "step"), values(steps, "step")
@@ -107,7 +108,7 @@ def extend(
     return Held(summary, pending, samples, held.version + 1)
 
 
-def as_rank(run: RunSummary, rank: int, meta: dict[str, Any]) -> RankSummary:
+def as_rank(run: RunSummary, rank: int, meta: RankMeta) -> RankSummary:
     """The RankSummary of one rank's rows of a run."""
     names = [f.name for f in fields(RankSummary) if f.name not in ("rank", "meta")]
     return RankSummary(rank=rank, meta=meta, **{n: getattr(run, n) for n in names})
@@ -129,7 +130,7 @@ def rebase(held: dict[int, Held], run: RunSummary) -> dict[int, Held]:
     return out
 
 
-def moved_clock(old: dict[str, Any], new: dict[str, Any]) -> bool:
+def moved_clock(old: RankMeta, new: RankMeta) -> bool:
     """True when meta.json's clock now maps this rank's stamps elsewhere (drift at exit)."""
     return clock_params(old) != clock_params(new)
 
@@ -146,9 +147,7 @@ def _nvml(tables: dict[str, pa.Table]) -> pa.Table:
     return samples.filter(pc.starts_with(samples.column("metric"), NVML_PREFIX))
 
 
-def _phase_time(
-    rank: int, meta: dict[str, Any], tables: dict[str, pa.Table], after: int
-) -> pa.Table:
+def _phase_time(rank: int, meta: RankMeta, tables: dict[str, pa.Table], after: int) -> pa.Table:
     """step, compute_ns, data_ns of each phase of the steps > after (aligned, as the summary
     counts them; null in the column of the other kind, and where the phase never ended)."""
     spans = tables.get("spans")

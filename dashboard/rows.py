@@ -18,6 +18,7 @@ from typing import Any
 import pandas as pd
 
 from dtprof.trace.follow import read_window
+from dtprof.trace.meta import RankMeta
 from dtprof.trace.reader import clock_params, table_frame
 from dtprof.trace.schema import TABLES
 
@@ -60,7 +61,7 @@ class Rows:
     rank got new rows, so a cached window of a growing rank is read again)."""
 
     folders: dict[int, Path] = field(default_factory=dict)
-    meta: dict[int, dict[str, Any]] = field(default_factory=dict)
+    meta: dict[int, RankMeta] = field(default_factory=dict)
     versions: dict[int, int] = field(default_factory=dict)
     cache: RowCache = field(default_factory=RowCache, compare=False)
     last_step: int | None = None  # a replay's prefix: no row after this step
@@ -82,7 +83,7 @@ class Rows:
             return held[keep]
         parts = [self._rank(r, first, last) for r in ranks if r in self.folders]
         if not parts:
-            return table_frame(TABLES["spans"], [], {0: clock_params({})})
+            return table_frame(TABLES["spans"], [], {0: clock_params(None)})
         return pd.concat(parts, ignore_index=True)
 
     def _rank(self, rank: int, first: int | None, last: int | None) -> pd.DataFrame:

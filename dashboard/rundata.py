@@ -22,8 +22,10 @@ import pyarrow.compute as pc
 from dashboard.rows import Rows
 from dtprof.analysis.columns import steps_between, values
 from dtprof.analysis.summarize import LAST_SPAN_COLUMNS, RunSummary, combine, summarize_frames
+from dtprof.trace.meta import RankMeta
+from dtprof.trace.meta import replace as meta_replace
 from dtprof.trace.reader import arrow_frame, clock_params, rank_table, table_frame
-from dtprof.trace.schema import TABLES
+from dtprof.trace.schema import SCHEMA_VERSION, TABLES
 
 
 @dataclass(frozen=True)
@@ -82,15 +84,15 @@ def frame(table: pa.Table) -> pd.DataFrame:
     return arrow_frame(table, table.column_names)
 
 
-def samples_frame(samples: dict[int, pa.Table], meta: dict[int, dict[str, Any]]) -> pd.DataFrame:
+def samples_frame(samples: dict[int, pa.Table], meta: dict[int, RankMeta]) -> pd.DataFrame:
     """Every rank's samples as one frame, times on rank 0's clock."""
     params = {r: clock_params(m) for r, m in meta.items() if r in samples}
     if not params:
-        params = {0: clock_params({})}
+        params = {0: clock_params(None)}
     return table_frame(TABLES["samples"], sorted(samples.items()), params)
 
 
-def steps_only(steps: pa.Table, meta: dict[int, dict[str, Any]]) -> RunData:
+def steps_only(steps: pa.Table, meta: dict[int, RankMeta]) -> RunData:
     """A first look at a large trace: the step table alone (no phases: compute and data unknown)."""
     base = empty()
     step_ns = pc.subtract(steps.column("end_ns"), steps.column("start_ns"))
@@ -106,10 +108,9 @@ def steps_only(steps: pa.Table, meta: dict[int, dict[str, Any]]) -> RunData:
 
 def empty() -> RunData:
     """No rank read yet: every table empty, with its columns."""
-    meta = {"rank": 0, "world_size": 0}
-    run = combine([summarize_frames(meta, {}, [])])
+    run = combine([summarize_frames(RankMeta(schema_version=SCHEMA_VERSION, rank=0), {}, [])])
     run = replace(run, ranks=[], meta={})
-    params = {0: clock_params(meta)}
+    params = {0: clock_params(None)}
     return RunData(run=run, samples=table_frame(TABLES["samples"], [], params))
 
 
@@ -129,7 +130,7 @@ def prefix(data: RunData, last_step: int) -> RunData:
     last_span = pa.Table.from_pandas(last[LAST_SPAN_COLUMNS], LAST_SPAN, preserve_index=False)
     cut = replace(
         run.steps_between(None, last_step + 1),
-        meta={r: {**m, "status": "running"} for r, m in run.meta.items()},
+        meta={r: meta_replace(m, status="running") for r, m in run.meta.items()},
         inflight=run.inflight.slice(0, 0),
         last_span=last_span.replace_schema_metadata(),
     )

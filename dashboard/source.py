@@ -35,6 +35,7 @@ from dtprof.analysis.summarize import (
 )
 from dtprof.errors import DtprofError
 from dtprof.trace.follow import Delta, TraceFollower
+from dtprof.trace.meta import InflightOp, RankMeta
 from dtprof.trace.reader import clock_params, rank_table
 from dtprof.trace.schema import TABLES
 
@@ -91,8 +92,8 @@ class LiveSource:
     def __init__(self, path: str | os.PathLike[str], poll_s: float = 1.5) -> None:
         self.follower = TraceFollower(path)
         self.poll_s = poll_s
-        self.meta: dict[int, dict[str, Any]] = {}
-        self.inflight: dict[int, list[dict[str, Any]]] = {}
+        self.meta: dict[int, RankMeta] = {}
+        self.inflight: dict[int, list[InflightOp]] = {}
         self.held: dict[int, Held] = {}
         self.cache = RowCache()  # spans windows read for the Timeline, across snapshots
         self.loaded = False  # every table read at least once
@@ -140,7 +141,7 @@ class LiveSource:
         )
         return True
 
-    def _merge_meta(self, delta: Delta) -> dict[int, dict[str, Any]]:
+    def _merge_meta(self, delta: Delta) -> dict[int, RankMeta]:
         """Take the new meta.json and inflight.json of a poll; the metas they replace."""
         before = {r: self.meta[r] for r in delta.meta if r in self.meta}
         self.meta.update(delta.meta)
@@ -200,7 +201,7 @@ class LiveSource:
         )
 
     def _status(self, data: RunData, took: float, complete: bool, failed: list[str]) -> str:
-        statuses = {str(m.get("status")) for m in self.meta.values()}
+        statuses = {m.status for m in self.meta.values()}
         state = "running" if "running" in statuses else "finished"
         text = f"{state} · {len(data.ranks)} ranks · step {data.last_step}"
         if not complete:
@@ -231,7 +232,7 @@ class LiveSource:
         self._stop.set()
 
 
-def _steps(delta: Delta, meta: dict[int, dict[str, Any]]) -> pa.Table:
+def _steps(delta: Delta, meta: dict[int, RankMeta]) -> pa.Table:
     """A poll's new steps rows of every rank, times on rank 0's clock."""
     params = {rank: clock_params(m) for rank, m in meta.items()}
     by_rank = [(r, t["steps"]) for r, t in sorted(delta.tables.items()) if "steps" in t]

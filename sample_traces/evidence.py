@@ -213,8 +213,9 @@ def pipeline(trace: Trace, schedule: str, microbatches: int) -> str:
     """One span per stage, microbatch and action each step; stages idle near the ideal bubble."""
     stages = len(trace.ranks)
     described = {
-        (m["pipeline"]["schedule"], m["pipeline"]["stages"], m["pipeline"]["microbatches"])
+        (m.pipeline.schedule, m.pipeline.stages, m.pipeline.microbatches)
         for m in trace.meta.values()
+        if m.pipeline
     }
     _need(described == {(schedule, stages, microbatches)}, f"meta pipeline: {described}")
     actions = trace.spans[trace.spans["kind"] == "pipeline"]
@@ -268,9 +269,9 @@ def comm_bound(trace: Trace) -> str:
 
 def crash_at_start(trace: Trace, rank: int) -> str:
     """``rank`` raised before its first step; the others failed in the collective it left."""
-    meta = trace.meta[rank]
-    exception = meta.get("exception") or {}
-    _need(exception.get("step") == 0, f"rank {rank}'s exception: {exception}")
+    exception = trace.meta[rank].exception
+    _need(exception is not None and exception.step == 0, f"rank {rank}'s exception: {exception}")
+    assert exception is not None
     _need(trace.steps[trace.steps["rank"] == rank].empty, f"rank {rank} recorded steps")
     others = trace.ranks[trace.ranks["rank"] != rank]
     _need(others["status"].str.startswith("raised").all(), f"statuses: {list(others['status'])}")
@@ -279,7 +280,7 @@ def crash_at_start(trace: Trace, rank: int) -> str:
         set(failed["rank"]) == set(others["rank"]), f"failed collectives on {set(failed['rank'])}"
     )
     return (
-        f"rank {rank} raised {exception['message']} at step 0 in {exception['function']}; "
+        f"rank {rank} raised {exception.message} at step 0 in {exception.function}; "
         f"ranks {', '.join(map(str, others['rank']))} "
         f"{', '.join(sorted(set(others['status'])))} from the all-reduce it never joined"
     )

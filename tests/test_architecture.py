@@ -11,14 +11,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 # part -> the parts and libraries it must never import (a prefix matches its submodules)
+COMMANDS = ["dtprof.jobs", "dtprof.cli"]
 NEVER = {
-    "dtprof.trace": ["dtprof.analysis", "dtprof.record", "dtprof.jobs", "dtprof.cli", "dashboard"]
-    + ["torch", "dash", "plotly"],
-    "dtprof.analysis": ["dtprof.record", "dtprof.jobs", "dtprof.cli", "dashboard"]
-    + ["torch", "dash", "plotly"],
-    "dtprof.record": ["dtprof.analysis", "dtprof.jobs", "dtprof.cli", "dashboard"]
-    + ["dash", "plotly"],
-    "dashboard": ["dtprof.record", "dtprof.jobs", "dtprof.cli", "torch"],
+    "dtprof.trace": ["dtprof.analysis", "dtprof.record", *COMMANDS, "dashboard", "torch", "dash"],
+    "dtprof.analysis": ["dtprof.record", *COMMANDS, "dashboard", "torch", "dash", "plotly"],
+    "dtprof.record": ["dtprof.analysis", *COMMANDS, "dashboard", "dash", "plotly"],
+    "dashboard": ["dtprof.record", *COMMANDS, "torch"],
 }
 
 

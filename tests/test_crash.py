@@ -183,7 +183,7 @@ def test_hooks_that_raise_do_not_stop_training(run_job, tmp_path: Path) -> None:
     assert trace.steps.groupby("rank").size().tolist() == [8, 8]
     assert all(
         # DDP's buckets are its only collectives: their kernel at the dispatcher is what raised
-        sorted(m["disabled_hooks"]) == ["ddp buckets", "phases"]
+        sorted(m.disabled_hooks) == ["ddp buckets", "phases"]
         for m in trace.meta.values()
     )
     errors = trace.events[trace.events["kind"] == "hook-error"]

@@ -93,8 +93,8 @@ def test_buckets_are_recorded_without_a_comm_hook_and_the_kernel_goes_at_exit(
     assert _same(model, bare)
 
     trace = dtprof.load_trace(tmp_path)
-    assert trace.meta[0]["ddp_buckets_via"] == "dispatcher"
-    assert trace.meta[0]["ddp_buckets_kernel"] == kernel
+    assert trace.meta[0].ddp_buckets_via == "dispatcher"
+    assert trace.meta[0].ddp_buckets_kernel == kernel
     # rows are written as operations complete: a bucket's may come after a later sync call's
     coll = trace.collectives.sort_values("seq", ignore_index=True)
     buckets = coll[coll["label"].notna()]
@@ -167,7 +167,7 @@ def test_a_kernel_that_raises_is_switched_off_and_training_goes_on(
     _train(bare, bare_opt, dtprof.profile(tmp_path / "off", enabled=False), 3)
     assert _same(model, bare)
     trace = dtprof.load_trace(tmp_path)
-    assert trace.meta[0]["disabled_hooks"] == ["ddp buckets"]
+    assert trace.meta[0].disabled_hooks == ("ddp buckets",)
     assert len(trace.steps) == 3 and _kernels() == 0
 
 
@@ -185,7 +185,7 @@ def test_where_the_native_kernel_cannot_watch_the_python_kernel_records_the_buck
         _train(model, opt, prof, 2)
     assert _kernels() == 0
     meta = dtprof.load_trace(tmp_path).meta[0]
-    assert (meta["ddp_buckets_kernel"], meta["ddp_buckets_native"]) == (
+    assert (meta.ddp_buckets_kernel, meta.ddp_buckets_native) == (
         "python",
         "unavailable: refused",
     )
@@ -206,8 +206,8 @@ def test_where_no_kernel_can_be_registered_a_comm_hook_records_the_buckets(
         _train(model, opt, prof, 2)
     trace = dtprof.load_trace(tmp_path)
     meta = trace.meta[0]
-    assert meta["ddp_buckets_via"] == "comm_hook"
-    assert meta["ddp_buckets_dispatcher"] == "unavailable: a kernel is already registered"
+    assert meta.ddp_buckets_via == "comm_hook"
+    assert meta.ddp_buckets_dispatcher == "unavailable: a kernel is already registered"
     assert getattr(model, "_dtprof_comm_hook", False)
     coll = trace.collectives
     assert coll["label"].str.fullmatch(r"ddp\.bucket\d+").all()

@@ -199,10 +199,10 @@ def test_profile_records_the_exception_training_left_with(tmp_path: Path) -> Non
         prof.step()
         train()
     trace = dtprof.load_trace(tmp_path)
-    exception = trace.meta[0]["exception"]
-    assert exception["type"] == "ValueError" and exception["message"] == "ValueError: bad batch"
-    assert (exception["step"], exception["function"]) == (1, "train")
-    assert exception["file"] == __file__
+    exception = trace.meta[0].exception
+    assert exception.type == "ValueError" and exception.message == "ValueError: bad batch"
+    assert (exception.step, exception.function) == (1, "train")
+    assert exception.file == __file__
     events = trace.events[trace.events["kind"] == "exception"]
     assert events["message"].tolist() == ["ValueError: bad batch"]
 

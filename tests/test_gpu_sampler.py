@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from dtprof.record import gpu
+from dtprof.trace.meta import Nvml
 
 
 class _NVMLError(Exception):
@@ -57,7 +58,7 @@ def test_samples_every_metric_of_the_ranks_physical_device(monkeypatch, cuda_pre
     monkeypatch.setitem(sys.modules, "pynvml", _fake_pynvml())
     prof = _prof()
     sampler = gpu.NvmlSampler(prof, interval_s=10.0)  # type: ignore[arg-type]
-    assert sampler.status == {"available": True, "device_index": 5, "name": "NVIDIA H100"}
+    assert sampler.status == Nvml(available=True, device_index=5, name="NVIDIA H100")
     sampler.maybe_sample()
     sampler.maybe_sample()  # within the interval: nothing more
     got = {metric: value for step, _ts, metric, value in prof.samples if step == 7}
@@ -83,13 +84,11 @@ def test_an_unsupported_metric_is_dropped_and_the_rest_kept(monkeypatch, cuda_pr
 def test_no_nvml_is_off_with_the_reason(monkeypatch, cuda_present) -> None:
     monkeypatch.setitem(sys.modules, "pynvml", _fake_pynvml(fail_init=True))
     sampler = gpu.NvmlSampler(_prof(), interval_s=1.0)  # type: ignore[arg-type]
-    assert sampler.status == {
-        "available": False,
-        "reason": "NVML unavailable: NVML Shared Library Not Found",
-    }
+    reason = "NVML unavailable: NVML Shared Library Not Found"
+    assert sampler.status == Nvml(available=False, reason=reason)
     sampler.maybe_sample()
 
 
 def test_no_cuda_device_means_no_sampling() -> None:
     sampler = gpu.NvmlSampler(_prof(), interval_s=1.0)  # type: ignore[arg-type]
-    assert sampler.status == {"available": False, "reason": "no CUDA device in this process"}
+    assert sampler.status == Nvml(available=False, reason="no CUDA device in this process")

@@ -49,9 +49,9 @@ def test_ddp_steps_buckets_sequence_numbers_clocks_fingerprints(tmp_path: Path, 
 
     # DDP buckets: several per step, labelled, together the size of all gradients
     via = "comm_hook" if how == "comm_hook" else "dispatcher"
-    assert {m.get("ddp_buckets_via") for m in trace.meta.values()} == {via}
+    assert {m.ddp_buckets_via for m in trace.meta.values()} == {via}
     if via == "dispatcher":
-        assert {m.get("ddp_buckets_kernel") for m in trace.meta.values()} == {how}
+        assert {m.ddp_buckets_kernel for m in trace.meta.values()} == {how}
     said = {"native": "at the dispatcher by the native kernel", "comm_hook": "through a comm hook"}
     assert f"DDP's buckets recorded {said.get(how, 'at the dispatcher by the python kernel')}" in (
         describe(str(trace_dir))
@@ -151,8 +151,8 @@ def test_pipeline_actions_per_stage_and_microbatch(run_job) -> None:
     assert len(per) == 2 * 3 * 2
     assert all(mbs == [0, 1, 2, 3] for mbs in per)
     assert (actions["rank"] == actions["stage"]).all()
-    meta = trace.meta[1]["pipeline"]
-    assert (meta["schedule"], meta["stages"], meta["microbatches"]) == ("Schedule1F1B", 2, 4)
+    meta = trace.meta[1].pipeline
+    assert (meta.schedule, meta.stages, meta.microbatches) == ("Schedule1F1B", 2, 4)
     p2p = trace.collectives[trace.collectives["peer"].notna()]
     assert len(p2p) >= 2 * 3 * 4 * 2  # activations forward and gradients back, both sides
 
@@ -168,14 +168,14 @@ def test_zero_bubble_schedule_records_input_and_weight_gradients_per_virtual_sta
     assert list(counts.columns) == ["backward_input", "backward_weight", "forward"]
     assert (counts == 2 * 4).all().all()  # every microbatch of both steps, per virtual stage
     assert counts.index.tolist() == [(0, 0), (0, 2), (1, 1), (1, 3)]
-    meta = trace.meta[0]["pipeline"]
-    assert meta["schedule"] == "ScheduleInterleavedZeroBubble"
-    assert (meta["stages"], meta["virtual_stages_per_rank"], meta["stage_indices"]) == (
+    meta = trace.meta[0].pipeline
+    assert meta.schedule == "ScheduleInterleavedZeroBubble"
+    assert (meta.stages, meta.virtual_stages_per_rank, meta.stage_indices) == (
         4,
         2,
-        [0, 2],
+        (0, 2),
     )
-    assert meta["actions"][:2] == ["0F0", "0F1"]
+    assert meta.actions[:2] == ("0F0", "0F1")
 
 
 def test_a_straggler_planted_on_a_random_rank_is_found(run_job) -> None:

@@ -125,8 +125,8 @@ def test_rank_from_file_name_then_file_order_with_a_warning(
     kb.write(folder, "b_rank-1.json", kb.trace(None))  # rank from the name -> 1
     trace = dtprof.load_trace(folder)
     assert sorted(trace.ranks["rank"]) == [0, 1]
-    assert trace.meta[0]["imported"]["rank_from"] == "file order"
-    assert trace.meta[1]["imported"]["rank_from"] == "file name"
+    assert trace.meta[0].imported.rank_from == "file order"
+    assert trace.meta[1].imported.rank_from == "file name"
     err = capsys.readouterr().err
     assert "without distributedInfo.rank" in err and "file name" in err and "file order" in err
 

@@ -94,8 +94,8 @@ def test_steps_phases_scalars_and_fingerprints(tmp_path: Path) -> None:
     samples = trace.samples
     assert set(samples["metric"]) == {"rss_bytes"} and (samples["value"] > 1e6).all()
     meta = trace.meta[0]
-    assert meta["status"] == "finished" and meta["steps"] == 3
-    assert meta["nvml"]["available"] is False and meta["nvml"]["reason"]
+    assert meta.status == "finished" and meta.steps == 3
+    assert meta.nvml.available is False and meta.nvml.reason
 
 
 def test_non_finite_scalars_are_kept(tmp_path: Path) -> None:
@@ -126,7 +126,7 @@ def test_a_raising_hook_is_switched_off_with_one_warning(
     ]
     trace = dtprof.load_trace(tmp_path)
     assert list(trace.steps["step"]) == [0, 1, 2, 3]  # training went on, steps still recorded
-    assert trace.meta[0]["disabled_hooks"] == ["phases"]
+    assert trace.meta[0].disabled_hooks == ("phases",)
     errors = trace.events[trace.events["kind"] == "hook-error"]
     assert len(errors) == 1 and "injected" in errors.iloc[0]["detail"]
     # the forward of step 0 was recorded before the failure; nothing of the phases after it
@@ -158,7 +158,7 @@ def test_a_full_disk_stops_recording_with_one_warning_and_training_goes_on(
     ]
     trace = dtprof.load_trace(tmp_path)
     assert list(trace.steps["step"]) == [0, 1]
-    assert trace.meta[0]["status"] == "recording stopped: [Errno 28] No space left on device"
+    assert trace.meta[0].status == "recording stopped: [Errno 28] No space left on device"
 
 
 def test_disabled_by_argument_or_environment_records_nothing(
@@ -262,5 +262,5 @@ def test_ddp_buckets_are_recorded_through_the_comm_hook_unless_switched_off(
     trace = dtprof.load_trace(tmp_path)
     labels = list(trace.collectives["label"])
     assert labels == (["ddp.bucket0"] * 2 if ddp_buckets else [])
-    assert trace.meta[0]["config"]["ddp_buckets"] is ddp_buckets
+    assert trace.meta[0].config.ddp_buckets is ddp_buckets
     assert len(trace.steps) == 2

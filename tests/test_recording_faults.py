@@ -34,7 +34,7 @@ def test_a_full_disk_mid_run(tmp_path: Path) -> None:
     assert "trace writing stopped ([Errno 28] No space left on device)" in log
     trace = dtprof.load_trace(trace_dir)
     assert list(trace.steps["step"]) == [0, 1, 2, 3]  # all written before the fault, readable
-    assert trace.meta[0]["status"] == "recording stopped: [Errno 28] No space left on device"
+    assert trace.meta[0].status == "recording stopped: [Errno 28] No space left on device"
     (stopped,) = [f for f in analyze(trace_dir).findings if f.code == "rank-stopped"]
     assert stopped.evidence["status"].startswith("recording stopped")
 
@@ -45,7 +45,7 @@ def test_a_hook_that_raises_mid_run_leaves_partial_data_said_so(tmp_path: Path) 
     assert log.count("DtprofWarning") == 1, log
     trace = dtprof.load_trace(trace_dir)
     assert list(trace.steps["step"]) == list(range(12))  # steps go on being recorded
-    assert trace.meta[0]["disabled_hooks"] == ["phases"]
+    assert trace.meta[0].disabled_hooks == ("phases",)
     (partial,) = [f for f in analyze(trace_dir).findings if f.code == "partial-data"]
     assert (partial.severity, partial.ranks, partial.first_step) == ("info", [0], 4)
     assert partial.evidence["from_step"] == {0: {"phases": 4}}

@@ -1,13 +1,12 @@
 """docs/trace-format.md against the code: tables, columns, types, meta fields and snippets.
 
 The column tables of the doc are parsed and compared with dtprof/trace/schema.py; the meta.json
-fields with the keys the recorder writes (read from its source, so torch is not imported); and
-the doc's Python and SQL snippets are run on a small trace written by the real TraceWriter.
+and inflight.json fields with their declaration in dtprof/trace/meta.py; and the doc's Python
+and SQL snippets are run on a small trace written by the real TraceWriter.
 """
 
 from __future__ import annotations
 
-import ast
 import importlib.util
 import json
 import os
@@ -15,12 +14,14 @@ import re
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 import dtprof
 from dtprof.record.writer import TraceWriter, write_json_atomic
+from dtprof.trace.meta import InflightOp, RankMeta, decode, encode
 from dtprof.trace.reader import read_table
 from dtprof.trace.schema import (
     COLLECTIVES,
@@ -34,7 +35,6 @@ from dtprof.trace.schema import (
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = (ROOT / "docs" / "trace-format.md").read_text()
-RECORD = ROOT / "dtprof" / "record"
 
 # numpy rounds halves to even, DuckDB away from zero
 ALIGN_TOLERANCE_NS = 1
@@ -101,94 +101,33 @@ def doc_meta_fields() -> set[str]:
     return {unquote(r["field"]) for r in markdown_table(section(DOC, "meta.json"), "field")}
 
 
-def sub_fields(prefix: str) -> set[str]:
-    """Every name component under ``prefix.`` in the documented meta fields."""
-    return {
-        part
-        for f in doc_meta_fields()
-        if f.startswith(prefix + ".")
-        for part in f[len(prefix) + 1 :].split(".")
-    }
-
-
 # ------------------------------------------------------------------ reading the code
 
 
-def _is_meta(node: ast.AST) -> bool:
-    return isinstance(node, ast.Attribute) and node.attr == "meta"
+def declared_fields(struct: type = RankMeta) -> set[str]:
+    """Every field of a record of dtprof/trace/meta.py, nested ones dotted; each kind of
+    record's fields once, under the first field that holds it (clock.start, not clock.end)."""
+    seen: set[type] = set()
+
+    def fields(info: Any, prefix: str) -> set[str]:
+        names: set[str] = set()
+        for field in info.fields:
+            name = prefix + field.encode_name
+            names.add(name)
+            for inner in _structs(field.type):
+                if inner.cls not in seen:
+                    seen.add(inner.cls)
+                    names |= fields(inner, name + ".")
+        return names
+
+    seen.add(struct)
+    return fields(msgspec.inspect.type_info(struct), "")
 
 
-def _tree(name: str) -> ast.Module:
-    return ast.parse((RECORD / name).read_text())
-
-
-def written_meta_keys() -> tuple[set[str], set[str]]:
-    """Top-level meta.json keys and config keys that dtprof/record writes."""
-    top: set[str] = set()
-    config: set[str] = set()
-    for path in sorted(RECORD.glob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Assign) and any(_is_meta(t) for t in node.targets):
-                if isinstance(node.value, ast.Dict):
-                    for key, value in zip(node.value.keys, node.value.values, strict=True):
-                        assert isinstance(key, ast.Constant)
-                        top.add(key.value)
-                        if key.value == "config" and isinstance(value, ast.Dict):
-                            config |= {k.value for k in value.keys if isinstance(k, ast.Constant)}
-            elif (
-                isinstance(node, ast.Subscript)
-                and isinstance(node.ctx, ast.Store)
-                and _is_meta(node.value)
-                and isinstance(node.slice, ast.Constant)
-            ):
-                top.add(node.slice.value)
-            elif (
-                isinstance(node, ast.Call)
-                and isinstance(node.func, ast.Attribute)
-                and node.func.attr == "setdefault"
-                and _is_meta(node.func.value)
-            ):
-                top.add(node.args[0].value)  # type: ignore[attr-defined]
-    assert "schema_version" in top, "could not find the meta dict in dtprof/record"
-    return top, config
-
-
-def clock_keys() -> set[str]:
-    """Every key clock.py writes into meta.json's clock object (dicts, update(), stores)."""
-    keys: set[str] = set()
-    for node in ast.walk(_tree("clock.py")):
-        if isinstance(node, ast.Dict):
-            keys |= {k.value for k in node.keys if isinstance(k, ast.Constant)}
-        elif isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "update":
-            keys |= {kw.arg for kw in node.keywords if kw.arg}
-        elif (
-            isinstance(node, ast.Subscript)
-            and isinstance(node.ctx, ast.Store)
-            and isinstance(node.slice, ast.Constant)
-        ):
-            keys.add(node.slice.value)
-    return {k for k in keys if isinstance(k, str)}  # not buf[0] = ... of the ping-pong
-
-
-def function(tree: ast.Module, name: str) -> ast.FunctionDef:
-    for node in ast.walk(tree):
-        if isinstance(node, ast.FunctionDef) and node.name == name:
-            return node
-    raise AssertionError(f"no function {name}() any more: update this test")
-
-
-def pipeline_keys() -> set[str]:
-    for node in ast.walk(function(_tree("pipeline.py"), "describe")):
-        if isinstance(node, ast.Return) and isinstance(node.value, ast.Dict):
-            return {k.value for k in node.value.keys if isinstance(k, ast.Constant)}
-    raise AssertionError("pipeline.describe() no longer returns a dict literal: update this test")
-
-
-def inflight_fields() -> list[str]:
-    for node in ast.walk(function(_tree("comms.py"), "inflight_snapshot")):
-        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "fields":
-            return [e.value for e in node.value.elts]  # type: ignore[attr-defined]
-    raise AssertionError("comms.inflight_snapshot() has no 'fields' tuple: update this test")
+def _structs(t: Any) -> list[Any]:
+    if isinstance(t, msgspec.inspect.StructType):
+        return [t]
+    return [s for inner in getattr(t, "types", ()) for s in _structs(inner)]
 
 
 # ------------------------------------------------------------------ schema and layout
@@ -223,19 +162,24 @@ def test_columns_names_types_and_units(name: str) -> None:
         )
 
 
-def test_meta_fields_are_the_ones_written() -> None:
-    top, config = written_meta_keys()
-    documented_top = {f.split(".")[0] for f in doc_meta_fields()}
-    assert documented_top == top, "meta.json fields: documented vs written by dtprof/record"
-    assert sub_fields("config") == config
-    assert sub_fields("clock") == clock_keys()
-    assert sub_fields("pipeline") == pipeline_keys()
+def test_meta_fields_are_the_declared_ones() -> None:
+    documented = doc_meta_fields()
+    assert documented == declared_fields(), (
+        "meta.json fields: docs/trace-format.md vs RankMeta in dtprof/trace/meta.py"
+    )
     example = json.loads(code_blocks(section(DOC, "meta.json"))[0][1])
-    assert set(example) <= documented_top
+    assert decode(example, RankMeta) == decode(encode(decode(example, RankMeta)), RankMeta)
+    assert set(example) <= documented
+
+
+def test_the_declaration_sees_nested_records() -> None:
+    fields = declared_fields()
+    assert {"clock.start.offset_ns", "config.ddp_buckets", "pipeline.actions"} <= fields
+    assert "clock.end" in fields and "clock.end.offset_ns" not in fields  # listed once
 
 
 def test_inflight_fields_are_a_collectives_row_without_end() -> None:
-    fields = inflight_fields()
+    fields = [f.encode_name for f in msgspec.inspect.type_info(InflightOp).fields]
     assert fields == [c for c in COLLECTIVES.column_names if c != "end_ns"]
     example = json.loads(code_blocks(section(DOC, "inflight.json"))[0][1])
     assert list(example[0]) == fields

@@ -20,6 +20,7 @@ def rank_meta(
 ) -> dict[str, Any]:
     clock: dict[str, Any] = {
         "mono_to_wall_ns": base,
+        "method": "none",
         "start": {"mono_ns": 0, "offset_ns": offset_ns, "error_ns": 10},
     }
     if end is not None:

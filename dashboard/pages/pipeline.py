@@ -16,13 +16,14 @@ from dashboard.shape import MAX_RANK_BINS, rank_bins
 from dashboard.source import Snapshot
 from dtprof.analysis.columns import values, warmup_steps
 from dtprof.analysis.pipeline import schedule_bubble
+from dtprof.trace.meta import Pipeline
 
 PATH = "/pipeline"
 TITLE = "Pipeline"
 
 
-def schedule_info(data: RunData) -> dict[str, Any] | None:
-    return next((m["pipeline"] for m in data.run.meta.values() if m.get("pipeline")), None)
+def schedule_info(data: RunData) -> Pipeline | None:
+    return next((m.pipeline for m in data.run.meta.values() if m.pipeline), None)
 
 
 def busy_idle(actions: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
@@ -121,15 +122,15 @@ def update(snap: Snapshot, step_text: str | None) -> list[go.Figure]:
     )
     chart.update_layout(
         title={
-            "text": f"{info['schedule']}: {info['stages']} stages, "
-            f"{info['microbatches']} microbatches · step {step}"
+            "text": f"{info.schedule}: {info.stages} stages, "
+            f"{info.microbatches} microbatches · step {step}"
         }
     )
     expected = schedule_bubble(
-        info["schedule"],
-        info["stages"],
-        info["microbatches"],
-        info.get("virtual_stages_per_rank", 1),
+        info.schedule,
+        info.stages,
+        info.microbatches,
+        info.virtual_stages_per_rank,
     )
     return [chart, figures.bubble_vs_theory(idle_share(data), expected)]
 

@@ -202,8 +202,8 @@ def _trace_info(root: Path, run: RunSummary) -> dict[str, Any]:
         "ranks_analysed": run.ranks,
         "ranks_without_trace": run.without_trace,
         "steps": len(np.unique(values(run.steps, "step"))),
-        "backend": any_meta.get("backend"),
-        "model_kind": any_meta.get("model_kind"),
+        "backend": any_meta.backend,
+        "model_kind": any_meta.model_kind,
     }
 
 

@@ -16,10 +16,11 @@ from dtprof.analysis.summarize import (
 )
 from dtprof.trace.importer import import_kineto, resolve, start_import, trace_kind
 from dtprof.trace.kineto_ahead import cache_path, cached
+from dtprof.trace.meta import RankMeta
 from dtprof.trace.reader import find_rank_dirs
 
 
-def summarize_tables(meta: dict[str, Any], tables: dict[str, pa.Table]) -> RankSummary:
+def summarize_tables(meta: RankMeta, tables: dict[str, pa.Table]) -> RankSummary:
     """summarize_frames on an importer's tables (runs in the import worker)."""
     return summarize_frames(meta, tables, [])
 

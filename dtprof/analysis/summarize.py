@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -24,8 +24,8 @@ from dtprof.analysis.gpu import GPU_PHASE, Kernels, kernel_figures
 from dtprof.analysis.matching import GroupMatrix, match
 from dtprof.beside import run_beside
 from dtprof.errors import DtprofError
+from dtprof.trace.meta import ClockParams, InflightOp, RankMeta
 from dtprof.trace.reader import (
-    ClockParams,
     aligned,
     clock_params,
     inflight_table,
@@ -51,7 +51,7 @@ class RankSummary:
     """What the checks need of one rank: Arrow tables, a rank column first."""
 
     rank: int
-    meta: dict[str, Any]
+    meta: RankMeta
     steps: pa.Table  # step, start_ns, end_ns, step_ns, compute_ns, data_ns
     phases: pa.Table  # rank, step, name, start_ns, end_ns: the compute phases only
     actions: pa.Table  # rank, step, stage, microbatch, name, start_ns, end_ns (pipelining)
@@ -158,15 +158,13 @@ def _table_bytes(folder: Path) -> int:
     return total
 
 
-def summarize_frames(
-    meta: dict[str, Any], folder: Tables, inflight_rows: list[dict[str, Any]]
-) -> RankSummary:
+def summarize_frames(meta: RankMeta, folder: Tables, inflight_ops: list[InflightOp]) -> RankSummary:
     """One rank's tables (read from its folder, or an importer's) reduced to per-step tables.
 
     With GPU kernels (imported traces) the union of compute kernels stands in for the compute
     phases, and the rank gets HTA-style GPU figures (dtprof.analysis.gpu).
     """
-    rank = int(meta["rank"])
+    rank = meta.rank
     params = {rank: clock_params(meta)}
     steps = _rank_rows(folder, "steps", rank, params)
     spans = _rank_rows(folder, "spans", rank, params)
@@ -206,7 +204,7 @@ def summarize_frames(
         fingerprints=_rank_rows(folder, "fingerprints", rank, params),
         memory=_rank_rows(folder, "samples", rank, params, MEMORY_COLUMNS, MEMORY_METRICS),
         events=_rank_rows(folder, "events", rank, params),
-        inflight=inflight_table([(rank, inflight_rows)], params),
+        inflight=inflight_table([(rank, inflight_ops)], params),
         last_span=_last_span(spans, gpu_phases),
         groups=_groups(_table(folder, "groups")),
         gpu=gpu,
@@ -289,7 +287,7 @@ class RunSummary:
     """Every rank's summary, concatenated: the input of the cross-rank checks."""
 
     ranks: list[int]
-    meta: dict[int, dict[str, Any]]
+    meta: dict[int, RankMeta]
     steps: pa.Table
     phases: pa.Table
     actions: pa.Table
@@ -306,7 +304,7 @@ class RunSummary:
 
     @property
     def world_size(self) -> int:
-        return max(int(m.get("world_size", 0)) for m in self.meta.values())
+        return max(m.world_size for m in self.meta.values())
 
     @cached_property
     def matched(self) -> list[GroupMatrix]:
@@ -339,7 +337,7 @@ def ranks_without_trace(run: RunSummary, ranks: Sequence[int] | None = None) -> 
     or was killed within its first second. None for imported traces: profilers and Flight
     Recorder dumps are often taken on a few ranks only.
     """
-    if any("imported" in meta for meta in run.meta.values()):
+    if any(meta.imported for meta in run.meta.values()):
         return []
     wanted = set(range(run.world_size))
     if ranks is not None:
@@ -376,7 +374,7 @@ def combine(summaries: Sequence[RankSummary | RunSummary]) -> RunSummary:
         for s in summaries
         for r, m in ({s.rank: s.meta} if isinstance(s, RankSummary) else s.meta).items()
     }
-    sizes = {int(m.get("world_size", 0)) for m in metas.values()}
+    sizes = {m.world_size for m in metas.values()}
     if len(sizes) > 1:
         raise DtprofError(f"ranks disagree on the world size ({sorted(sizes)})")
 

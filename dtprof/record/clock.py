@@ -16,6 +16,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from dtprof.trace.meta import Clock, ClockEstimate, replace
+
 ROUNDS = 8
 START_TIMEOUT_S = 1800.0  # ranks may reach profile() minutes apart (data loading, compiles)
 EXIT_TIMEOUT_S = 10.0  # a rank that never comes must not hold the others long at exit
@@ -39,38 +41,30 @@ def _wall_ns(base: int) -> int:
     return time.perf_counter_ns() + base
 
 
-def start(world_size: int) -> dict[str, Any]:
+def start(world_size: int) -> Clock:
     """Anchor the monotonic clock to the wall clock and measure the offset to rank 0."""
     base = time.time_ns() - time.perf_counter_ns()
-    info: dict[str, Any] = {
-        "mono_to_wall_ns": base,
-        "method": "none",
-        "start": {"mono_ns": time.perf_counter_ns(), "offset_ns": 0, "error_ns": 0},
-    }
-    if world_size > 1:
-        try:
-            at, offset, error = _measure(_side_group(), base, START_TIMEOUT_S)
-        except Exception as exc:  # times stay on this host's wall clock
-            info["method"] = f"failed: {str(exc).splitlines()[0] if str(exc) else exc!r}"
-            return info
-        info.update(
-            method="ping-pong with rank 0 over gloo",
-            start={"mono_ns": at, "offset_ns": offset, "error_ns": error},
-        )
-    return info
+    alone = Clock(base, "none", ClockEstimate(time.perf_counter_ns(), 0, 0))
+    if world_size <= 1:
+        return alone
+    try:
+        at, offset, error = _measure(_side_group(), base, START_TIMEOUT_S)
+    except Exception as exc:  # times stay on this host's wall clock
+        why = str(exc).splitlines()[0] if str(exc) else repr(exc)
+        return replace(alone, method=f"failed: {why}")
+    return Clock(base, "ping-pong with rank 0 over gloo", ClockEstimate(at, offset, error))
 
 
-def finish(info: dict[str, Any], world_size: int) -> dict[str, Any]:
+def finish(clock: Clock, world_size: int) -> Clock:
     """Measure the offset again at exit, for drift. A failure leaves the start estimate alone."""
     if world_size <= 1 or _group is None:
-        return info
+        return clock
     try:
-        at, offset, error = _measure(_group, int(info["mono_to_wall_ns"]), EXIT_TIMEOUT_S)
+        at, offset, error = _measure(_group, clock.mono_to_wall_ns, EXIT_TIMEOUT_S)
     except Exception as exc:  # a rank gone or late: keep the start estimate
-        info["end_error"] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        return info
-    info["end"] = {"mono_ns": at, "offset_ns": offset, "error_ns": error}
-    return info
+        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return replace(clock, end_error=why)
+    return replace(clock, end=ClockEstimate(at, offset, error))
 
 
 def _measure(group: Any, base: int, timeout_s: float) -> tuple[int, int, int]:

@@ -23,6 +23,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
+from dtprof.trace.meta import InflightOp
+
 if TYPE_CHECKING:
     from dtprof.record.profiler import Profiler
 
@@ -177,7 +179,8 @@ class CommRecorder:
                     self._native.uninstall()
                     self._native = None
                     self._native_slots.clear()
-                    self.prof.meta["ddp_buckets_native"] = f"unavailable: {exc}".splitlines()[0]
+                    why = f"unavailable: {exc}".splitlines()[0]
+                    self.prof.note_meta(ddp_buckets_native=why)
                 else:
                     raise
         if self._bucket_watch is None:
@@ -419,21 +422,10 @@ class CommRecorder:
             self._complete(token)
         return value
 
-    def inflight_snapshot(self) -> list[dict[str, Any]]:
-        """Operations entered and not completed, oldest first, for inflight.json."""
-        fields = (
-            "step",
-            "group",
-            "seq",
-            "op",
-            "bytes",
-            "dtype",
-            "peer",
-            "start_ns",
-            "async_op",
-            "label",
-        )
-        return [dict(zip(fields, rec, strict=True)) for rec in list(self.inflight.values())]
+    def inflight_snapshot(self) -> list[InflightOp]:
+        """Operations entered and not completed, oldest first, for inflight.json (each record
+        holds InflightOp's fields in order)."""
+        return [InflightOp(*rec) for rec in list(self.inflight.values())]
 
 
 class _Waiter:

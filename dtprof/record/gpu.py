@@ -9,9 +9,11 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
+
+from dtprof.trace.meta import Nvml
 
 if TYPE_CHECKING:
     from dtprof.record.profiler import Profiler
@@ -35,12 +37,12 @@ class NvmlSampler:
         self.interval_ns = int(interval_s * 1e9)
         self._next_ns = 0
         self._readers: dict[str, Callable[[], float]] = {}
-        self.status: dict[str, Any] = {"available": False}
+        self.status = Nvml(available=False)
         if interval_s <= 0:
-            self.status["reason"] = "off (gpu_sample_interval_s <= 0)"
+            self.status = Nvml(available=False, reason="off (gpu_sample_interval_s <= 0)")
             return
         if not torch.cuda.is_available():
-            self.status["reason"] = "no CUDA device in this process"
+            self.status = Nvml(available=False, reason="no CUDA device in this process")
             return
         try:
             import pynvml
@@ -50,7 +52,7 @@ class NvmlSampler:
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
             name = pynvml.nvmlDeviceGetName(handle)
         except Exception as exc:  # pynvml.NVMLError (LibraryNotFound, ...) or ImportError
-            self.status["reason"] = f"NVML unavailable: {exc}"
+            self.status = Nvml(available=False, reason=f"NVML unavailable: {exc}")
             return
         self._readers = {
             "gpu_util_pct": lambda: pynvml.nvmlDeviceGetUtilizationRates(handle).gpu,
@@ -62,11 +64,11 @@ class NvmlSampler:
                 handle, pynvml.NVML_TEMPERATURE_GPU
             ),
         }
-        self.status = {
-            "available": True,
-            "device_index": index,
-            "name": name if isinstance(name, str) else name.decode(),
-        }
+        self.status = Nvml(
+            available=True,
+            device_index=index,
+            name=name if isinstance(name, str) else name.decode(),
+        )
 
     def maybe_sample(self) -> None:
         if not self._readers:

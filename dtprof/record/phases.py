@@ -59,33 +59,33 @@ class PhaseHooks:
     def _register_ddp_hook(self, model: torch.nn.parallel.DistributedDataParallel) -> None:
         if getattr(model, "_dtprof_comm_hook", False):  # an earlier profile's comm hook
             self.ddp_buckets = True
-            self.prof.meta["ddp_buckets_via"] = "comm_hook"
+            self.prof.note_meta(ddp_buckets_via="comm_hook")
             return
         if self.prof.ddp_buckets != "comm_hook":
             from dtprof.record import native as native_kernel
 
             native, why_not = native_kernel.load()
             if why_not:
-                self.prof.meta["ddp_buckets_native"] = why_not
+                self.prof.note_meta(ddp_buckets_native=why_not)
             try:
                 kernel = self.prof.comms.watch_ddp(model, native)
             except Exception as exc:
-                self.prof.meta["ddp_buckets_dispatcher"] = f"unavailable: {exc}".splitlines()[0]
+                why = f"unavailable: {exc}".splitlines()[0]
+                self.prof.note_meta(ddp_buckets_dispatcher=why)
             else:
                 self.ddp_buckets = True
-                self.prof.meta["ddp_buckets_via"] = "dispatcher"
-                self.prof.meta["ddp_buckets_kernel"] = kernel
+                self.prof.note_meta(ddp_buckets_via="dispatcher", ddp_buckets_kernel=kernel)
                 return
         try:
             ddp_hook.install(model)
         except Exception as exc:
             # A comm hook of the user's own: keep it. Its collectives are still recorded
             # if it calls torch.distributed's Python API.
-            self.prof.meta["ddp_buckets"] = f"not labelled: {exc}".splitlines()[0]
+            self.prof.note_meta(ddp_buckets=f"not labelled: {exc}".splitlines()[0])
             return
         setattr(model, "_dtprof_comm_hook", True)  # noqa: B010 (nn.Module typing)
         self.ddp_buckets = True
-        self.prof.meta["ddp_buckets_via"] = "comm_hook"
+        self.prof.note_meta(ddp_buckets_via="comm_hook")
 
     def uninstall(self) -> None:
         for handle in self._handles:

@@ -6,6 +6,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from dtprof.trace.meta import Pipeline
+
 if TYPE_CHECKING:
     from dtprof.record.profiler import Profiler
 
@@ -21,21 +23,21 @@ def stages_of(schedule: Any) -> list[Any]:
     raise TypeError(f"{type(schedule).__name__} is not a torch.distributed.pipelining schedule")
 
 
-def describe(schedule: Any, rank: int) -> dict[str, Any]:
+def describe(schedule: Any, rank: int) -> Pipeline:
     """Schedule name, stage and microbatch counts, this rank's stages and action order."""
     stages = stages_of(schedule)
     order = getattr(schedule, "pipeline_order", None)
     actions = None
     if isinstance(order, dict) and rank in order:
-        actions = [None if a is None else str(a) for a in order[rank]]
-    return {
-        "schedule": type(schedule).__name__,
-        "stages": int(stages[0].num_stages),
-        "microbatches": int(schedule._n_microbatches),
-        "stage_indices": [int(s.stage_index) for s in stages],
-        "virtual_stages_per_rank": len(stages),
-        "actions": actions,
-    }
+        actions = tuple(None if a is None else str(a) for a in order[rank])
+    return Pipeline(
+        schedule=type(schedule).__name__,
+        stages=int(stages[0].num_stages),
+        microbatches=int(schedule._n_microbatches),
+        stage_indices=tuple(int(s.stage_index) for s in stages),
+        virtual_stages_per_rank=len(stages),
+        actions=actions,
+    )
 
 
 def install(prof: Profiler, schedule: Any) -> Callable[[], None]:

@@ -7,6 +7,7 @@ import json
 import os
 import socket
 import sys
+import threading
 import time
 import traceback
 import warnings
@@ -21,6 +22,7 @@ import torch.distributed as dist
 
 from dtprof.record import clock, comms, fingerprint, gpu, memory, phases, pipeline, watchdog
 from dtprof.record.writer import DtprofWarning, TraceWriter, write_json_atomic
+from dtprof.trace.meta import Config, ExceptionDetail, RankMeta, encode, replace
 from dtprof.trace.schema import INFLIGHT_FILE, META_FILE, SCHEMA_VERSION, rank_dir_name
 
 now_ns = time.perf_counter_ns
@@ -166,7 +168,8 @@ class Profiler:
         self._removers: dict[str, list[Any]] = {}
         self._warned: set[str] = set()
         self._pending_scalars: deque[tuple[int, str, torch.Tensor]] = deque()
-        self.meta: dict[str, Any] = {}
+        self.meta = RankMeta(schema_version=SCHEMA_VERSION, rank=0)
+        self._meta_lock = threading.Lock()  # hooks on other threads note fields too
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -207,32 +210,31 @@ class Profiler:
         self.fingerprints, self.collectives = buffers["fingerprints"], buffers["collectives"]
         self.groups = buffers["groups"]
 
-        self.meta = {
-            "schema_version": SCHEMA_VERSION,
-            "dtprof_version": _dtprof_version(),
-            "rank": self.rank,
-            "world_size": self.world_size,
-            "local_rank": int(os.environ.get("LOCAL_RANK", self.rank)),
-            "host": socket.gethostname(),
-            "pid": os.getpid(),
-            "backend": backend,
-            "device": _device_name(),
-            "torch_version": torch.__version__,
-            "python_version": sys.version.split()[0],
-            "started_at": datetime.now(timezone.utc).isoformat(),
-            "status": "running",
-            "model_kind": phases.model_kind(self.model),
-            "config": {
-                "fingerprint_every": self.fingerprint_every,
-                "hang_timeout_s": self.hang_timeout_s,
-                "ddp_buckets": self.ddp_buckets,
-                "gpu_sample_interval_s": self.gpu_sample_interval_s,
-                "flush_interval_s": self.flush_interval_s,
-                "seal_interval_s": self.seal_interval_s,
-            },
-            "disabled_hooks": [],
-            "clock": clock_info,
-        }
+        self.meta = RankMeta(
+            schema_version=SCHEMA_VERSION,
+            dtprof_version=_dtprof_version(),
+            rank=self.rank,
+            world_size=self.world_size,
+            local_rank=int(os.environ.get("LOCAL_RANK", self.rank)),
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            backend=backend,
+            device=_device_name(),
+            torch_version=str(torch.__version__),
+            python_version=sys.version.split()[0],
+            started_at=datetime.now(timezone.utc).isoformat(),
+            status="running",
+            model_kind=phases.model_kind(self.model),
+            config=Config(
+                fingerprint_every=self.fingerprint_every,
+                hang_timeout_s=self.hang_timeout_s,
+                ddp_buckets=self.ddp_buckets,
+                gpu_sample_interval_s=self.gpu_sample_interval_s,
+                flush_interval_s=self.flush_interval_s,
+                seal_interval_s=self.seal_interval_s,
+            ),
+            clock=clock_info,
+        )
         self.write_meta()
 
         self.comms = comms.install(self)
@@ -241,10 +243,10 @@ class Profiler:
             self.phases = phases.PhaseHooks(self, self.model, self.optimizer)
             self._removers["phases"] = [self.phases.uninstall]
         if self.pipeline is not None:
-            self.meta["pipeline"] = pipeline.describe(self.pipeline, self.rank)
+            self.note_meta(pipeline=pipeline.describe(self.pipeline, self.rank))
             self._removers["pipeline"] = [pipeline.install(self, self.pipeline)]
         self.gpu = gpu.NvmlSampler(self, self.gpu_sample_interval_s)
-        self.meta["nvml"] = self.gpu.status
+        self.note_meta(nvml=self.gpu.status)
         self.watchdog = watchdog.Watchdog(self, self.hang_timeout_s)
         self.writer.add_tick_hook(self._tick)
         self.write_meta()
@@ -271,18 +273,17 @@ class Profiler:
             # every rank that leaves normally joins the exit exchange, even with recording
             # stopped, so that no other rank waits for it
             if exc_type is None and self.clock_sync:
-                self.meta["clock"] = clock.finish(self.meta["clock"], self.world_size)
-            self.meta["ended_at"] = datetime.now(timezone.utc).isoformat()
-            self.meta["steps"] = self.step_index
+                self.note_meta(clock=clock.finish(self.meta.clock, self.world_size))
+            self.note_meta(ended_at=datetime.now(timezone.utc).isoformat(), steps=self.step_index)
             if self.writer.failed:
                 self.write_meta()
                 return
-            self.meta["status"] = "finished" if exc_type is None else f"raised {exc_type.__name__}"
+            self.note_meta(status="finished" if exc_type is None else f"raised {exc_type.__name__}")
             if exc is not None:
                 self._record_exception(exc)
             self._resolve_pending_scalars()
             self.writer.close()
-            write_json_atomic(self.folder / INFLIGHT_FILE, self.comms.inflight_snapshot())
+            write_json_atomic(self.folder / INFLIGHT_FILE, encode(self.comms.inflight_snapshot()))
             self.write_meta()
         except Exception as err:
             self._warn_once("close", f"dtprof: could not finish the trace cleanly: {err}")
@@ -291,9 +292,9 @@ class Profiler:
         """The exception training left with: in meta.json, and as an event on the trace's
         clock (which rank failed first is read from these times)."""
         detail = exception_detail(exc, self.step_index)
-        self.meta["exception"] = detail
+        self.note_meta(exception=detail)
         self.events.append(
-            (self.step_index, now_ns(), "exception", detail["message"], _json(detail))
+            (self.step_index, now_ns(), "exception", detail.message, _json(encode(detail)))
         )
 
     def _teardown_quietly(self) -> None:
@@ -360,8 +361,13 @@ class Profiler:
 
     # ----------------------------------------------------------------- internals
 
+    def note_meta(self, **fields: Any) -> None:
+        """Set fields of this rank's meta.json (written at the next write_meta)."""
+        with self._meta_lock:
+            self.meta = replace(self.meta, **fields)
+
     def write_meta(self) -> None:
-        write_json_atomic(self.folder / META_FILE, self.meta)
+        write_json_atomic(self.folder / META_FILE, encode(self.meta))
 
     def _tick(self) -> None:
         """Writer-thread work before each flush: scalars, samplers, watchdog, in-flight file."""
@@ -374,7 +380,7 @@ class Profiler:
             self.watchdog.check()
             snapshot = self.comms.inflight_snapshot()
             if snapshot != getattr(self, "_last_inflight", None):
-                write_json_atomic(self.folder / INFLIGHT_FILE, snapshot)
+                write_json_atomic(self.folder / INFLIGHT_FILE, encode(snapshot))
                 self._last_inflight = snapshot
         except Exception as exc:
             self.hook_failed("writer-tick", exc)
@@ -397,8 +403,10 @@ class Profiler:
         try:
             self._off.add(name)
             self._remove(name)
-            if name not in self.meta.get("disabled_hooks", []):
-                self.meta.setdefault("disabled_hooks", []).append(name)
+            with self._meta_lock:
+                if name not in self.meta.disabled_hooks:
+                    hooks = (*self.meta.disabled_hooks, name)
+                    self.meta = replace(self.meta, disabled_hooks=hooks)
             detail = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
             self.events.append(
                 (
@@ -424,7 +432,7 @@ class Profiler:
         self.active = False
         for name in list(self._removers):
             self._remove(name)
-        self.meta["status"] = f"recording stopped: {exc}"
+        self.note_meta(status=f"recording stopped: {exc}")
         with contextlib.suppress(OSError):  # the disk that failed may refuse this too
             self.write_meta()
 
@@ -441,22 +449,22 @@ _NOT_USER_CODE = (
 )
 
 
-def exception_detail(exc: BaseException, step: int) -> dict[str, Any]:
+def exception_detail(exc: BaseException, step: int) -> ExceptionDetail:
     """Type, message and step of an exception, and the innermost frame of the user's code it
     passed through (not torch's, dtprof's recording or the standard library's)."""
     frames = traceback.extract_tb(exc.__traceback__)
     user = [f for f in frames if not f.filename.startswith(_NOT_USER_CODE)]
     frame = (user or frames)[-1] if frames else None
     text = str(exc).strip().splitlines()
-    return {
-        "type": type(exc).__name__,
-        "message": f"{type(exc).__name__}: {text[0] if text else ''}"[:500],
-        "step": step,
-        "file": frame.filename if frame else None,
-        "line": frame.lineno if frame else None,
-        "function": frame.name if frame else None,
-        "code": (frame.line or "") if frame else None,
-    }
+    return ExceptionDetail(
+        type=type(exc).__name__,
+        message=f"{type(exc).__name__}: {text[0] if text else ''}"[:500],
+        step=step,
+        file=frame.filename if frame else None,
+        line=frame.lineno if frame else None,
+        function=frame.name if frame else None,
+        code=(frame.line or "") if frame else None,
+    )
 
 
 def _json(obj: Any) -> str:

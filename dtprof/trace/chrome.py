@@ -92,8 +92,8 @@ def _flows(coll: pd.DataFrame, t0: int) -> list[dict[str, Any]]:
 def _metadata(trace: Trace, streams: pd.DataFrame) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for rank in sorted(int(r) for r in trace.ranks["rank"]):
-        meta = trace.meta.get(rank, {})
-        label = f"rank {rank}" + (f" ({meta['host']})" if meta.get("host") else "")
+        meta = trace.meta.get(rank)
+        label = f"rank {rank}" + (f" ({meta.host})" if meta and meta.host else "")
         out.append({"ph": "M", "name": "process_name", "pid": rank, "tid": 0,
                     "args": {"name": label}})  # fmt: skip
         out.append({"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0,

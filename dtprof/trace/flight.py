@@ -35,6 +35,7 @@ import pyarrow as pa
 
 from dtprof import __version__
 from dtprof.errors import DtprofError
+from dtprof.trace.meta import Imported, InflightOp, RankMeta, encode
 from dtprof.trace.schema import (
     INFLIGHT_FILE,
     META_FILE,
@@ -337,45 +338,42 @@ def _tables(items: list[Entry], groups: dict[str, list[int]], backend: str) -> d
     return out
 
 
-def _inflight(items: list[Entry]) -> list[dict[str, Any]]:
+def _inflight(items: list[Entry]) -> list[InflightOp]:
     return [
-        {
-            "step": 0,
-            "group": e.group,
-            "seq": e.seq,
-            "op": e.op,
-            "bytes": e.bytes,
-            "dtype": e.dtype,
-            "peer": e.peer,
-            "start_ns": e.start_ns,
-            "async_op": False,
-            "label": e.label,
-        }
+        InflightOp(
+            step=0,
+            group=e.group,
+            seq=e.seq,
+            op=e.op,
+            bytes=e.bytes,
+            dtype=e.dtype,
+            peer=e.peer,
+            start_ns=e.start_ns,
+            async_op=False,
+            label=e.label,
+        )
         for e in items
         if not e.complete
     ]
 
 
-def _meta(path: Path, rank: int, world: int, dump: dict[str, Any], backend: str) -> dict[str, Any]:
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "rank": rank,
-        "world_size": world,
-        "host": None,
-        "backend": backend,
-        "device": "cpu" if backend == "gloo" else None,
-        "status": "flight recorder dump",
-        "model_kind": "none",
-        "disabled_hooks": [],
-        "clock": {"mono_to_wall_ns": 0, "method": "none", "start": {"mono_ns": 0, "offset_ns": 0}},
-        "imported": {
-            "format": "flight-recorder",
-            "file": str(path),
-            "rank_from": "file name",
-            "flight_recorder_version": str(dump.get("version", "")),
-            "entries": len(dump.get("entries", [])),
-        },
-    }
+def _meta(path: Path, rank: int, world: int, dump: dict[str, Any], backend: str) -> RankMeta:
+    return RankMeta(
+        schema_version=SCHEMA_VERSION,
+        rank=rank,
+        world_size=world,
+        backend=backend,
+        device="cpu" if backend == "gloo" else None,
+        status="flight recorder dump",
+        model_kind="none",
+        imported=Imported(
+            format="flight-recorder",
+            file=str(path),
+            rank_from="file name",
+            flight_recorder_version=str(dump.get("version", "")),
+            entries=len(dump.get("entries", [])),
+        ),
+    )
 
 
 def convert_dumps(folder: Path, out: Path) -> int:
@@ -416,8 +414,8 @@ def convert_dumps(folder: Path, out: Path) -> int:
                         table, rdir / name / f"{SEALED_PREFIX}000000.parquet"
                     )
             meta = _meta(f, rank, world, dump, backend)
-            (rdir / META_FILE).write_text(json.dumps(meta, indent=1))
-            (rdir / INFLIGHT_FILE).write_text(json.dumps(_inflight(items), indent=1))
+            (rdir / META_FILE).write_text(json.dumps(encode(meta), indent=1))
+            (rdir / INFLIGHT_FILE).write_text(json.dumps(encode(_inflight(items)), indent=1))
         out.parent.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(out, ignore_errors=True)
         os.replace(tmp, out)

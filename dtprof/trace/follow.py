@@ -16,7 +16,6 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -25,6 +24,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from dtprof.errors import DtprofError
+from dtprof.trace.meta import InflightOp, RankMeta
 from dtprof.trace.reader import (
     clock_params,
     conform_table,
@@ -51,10 +51,10 @@ class RankState:
     """One rank's folder: its metadata and a cursor per table."""
 
     folder: Path
-    meta: dict[str, Any]
+    meta: RankMeta
     meta_mtime_ns: int
     inflight_mtime_ns: int = -1
-    inflight: list[dict[str, Any]] = field(default_factory=list)
+    inflight: list[InflightOp] = field(default_factory=list)
     cursors: dict[str, Cursor] = field(default_factory=lambda: {n: Cursor() for n in TABLES})
 
 
@@ -64,8 +64,8 @@ class Delta:
     and the ranks whose meta.json or inflight.json changed."""
 
     tables: dict[int, dict[str, pa.Table]]  # only tables with new rows
-    meta: dict[int, dict[str, Any]]
-    inflight: dict[int, list[dict[str, Any]]]
+    meta: dict[int, RankMeta]
+    inflight: dict[int, list[InflightOp]]
 
     @property
     def rows(self) -> int:
@@ -75,7 +75,7 @@ class Delta:
     def empty(self) -> bool:
         return self.rows == 0 and not self.meta and not self.inflight
 
-    def frame(self, name: str, meta: dict[int, dict[str, Any]]) -> pd.DataFrame:
+    def frame(self, name: str, meta: dict[int, RankMeta]) -> pd.DataFrame:
         """The new rows of one table, every rank, times aligned to rank 0 as load_trace does."""
         params = {rank: clock_params(m) for rank, m in meta.items()}
         by_rank = [(r, t[name]) for r, t in sorted(self.tables.items()) if name in t]
@@ -94,7 +94,7 @@ class TraceFollower:
 
     def poll(self, tables: Iterable[str] | None = None) -> Delta:
         """Read what was appended, sealed or added since the last poll (to these tables only)."""
-        metas: dict[int, dict[str, Any]] = {}
+        metas: dict[int, RankMeta] = {}
         for rank, folder in find_rank_dirs(self.path):
             state = self._refresh_meta(rank, folder)
             if state is not None:

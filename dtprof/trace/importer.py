@@ -14,6 +14,7 @@ files, so every rank's meta.json agrees.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import gc
 import os
@@ -39,6 +40,7 @@ from dtprof.trace.kineto_ahead import (
 )
 from dtprof.trace.kineto_map import SEQ_FROM, rank_meta, rank_tables
 from dtprof.trace.layout import has_rank_dirs
+from dtprof.trace.meta import RankMeta, encode, replace
 from dtprof.trace.schema import (
     META_FILE,
     SEALED_PREFIX,
@@ -48,7 +50,9 @@ from dtprof.trace.schema import (
 
 PROGRESS_AFTER_S = 1.0
 
-PerRank = Callable[[dict[str, Any], dict[str, pa.Table]], Any]
+# one converted file: rank, how the rank was told, world size, meta.json, per_rank result
+Converted = tuple[int, str, int, RankMeta, Any]
+PerRank = Callable[[RankMeta, dict[str, pa.Table]], Any]
 Mapper = Callable[[Callable[[Any], Any], list[Any]], list[Any]]  # fn over items, in order
 
 
@@ -115,7 +119,7 @@ def _convert_one(
     out: Path | None,
     per_rank: PerRank | None,
     write: Callable[[Path, dict[str, pa.Table]], Any] | None = None,
-) -> tuple[int, str, int, dict[str, Any], Any]:
+) -> Converted:
     """Parse, map, write (when out is given: with ``write``, else _write_tables) and run
     per_rank on one file, in a worker."""
     # millions of short-lived dicts from the parser: the cyclic collector would rescan them
@@ -128,10 +132,15 @@ def _convert_one(
         rank, how = (declared, "distributedInfo") if type(declared) is int else fallback
         world = kf.distributed.get("world_size")
         tables = rank_tables(kf)
-        meta = rank_meta(kf, rank, world if type(world) is int else 0, how)
-        meta["steps"] = tables["steps"].num_rows
         seq_from = (tables["collectives"].schema.metadata or {}).get(SEQ_FROM, b"trace")
-        meta["imported"]["seq_from"] = seq_from.decode()
+        meta = rank_meta(
+            kf,
+            rank,
+            world if type(world) is int else 0,
+            how,
+            steps=tables["steps"].num_rows,
+            seq_from=seq_from.decode(),
+        )
         del kf
         if out is not None:
             (write or _write_tables)(out, tables)
@@ -145,12 +154,12 @@ def _convert_one(
     finally:
         if collecting:
             gc.enable()
-    return rank, how, int(meta["world_size"]), meta, result
+    return rank, how, meta.world_size, meta, result
 
 
 def _convert_job(
     job: tuple[Path, tuple[int, str], Path | None, PerRank | None],
-) -> tuple[int, str, int, dict[str, Any], Any]:
+) -> Converted:
     """_convert_one with its arguments in one tuple, for mappers of one-argument functions."""
     return _convert_one(*job)
 
@@ -178,7 +187,7 @@ def import_kineto(
     progress: bool = False,
     per_rank: PerRank | None = None,
     mapper: Mapper | None = None,
-) -> list[tuple[dict[str, Any], Any]]:
+) -> list[tuple[RankMeta, Any]]:
     """Convert every file of a Kineto path into ``out`` (if given); (meta, per_rank result) each.
 
     ``out`` appears complete or not at all: it is written beside and renamed into place. A
@@ -197,7 +206,7 @@ def start_import(
     progress: bool = False,
     per_rank: PerRank | None = None,
     mapper: Mapper | None = None,
-) -> tuple[list[tuple[dict[str, Any], Any]], Callable[[], None]]:
+) -> tuple[list[tuple[RankMeta, Any]], Callable[[], None]]:
     """import_kineto's results, and what puts ``out`` in place, to call once: the conversion's
     files may still be being written when this returns (on two CPUs, by a thread, while the
     caller analyses the results). Until then ``out`` is absent; finish() waits for the files,
@@ -280,7 +289,7 @@ def _run(
     per_rank: PerRank | None,
     progress: bool,
     writer: _Writer,
-) -> dict[int, tuple[int, str, int, dict[str, Any], Any]]:
+) -> dict[int, Converted]:
     """Convert every file: in this process and, with more CPUs, in worker processes beside it
     (dtprof.beside: this one takes files from the last, the workers from the first). Where a
     thread scans every file ahead (kineto_ahead, on two CPUs), this process converts them all
@@ -295,10 +304,10 @@ def _run(
     outs = [tmp / f"file-{i}" if tmp is not None else None for i in range(len(files))]
     jobs = [(f, fb, out, per_rank) for f, fb, out in zip(files, fallbacks, outs, strict=True)]
     started, total, read = time.monotonic(), sum(f.stat().st_size for f in files), 0
-    done: dict[int, tuple[int, str, int, dict[str, Any], Any]] = {}
+    done: dict[int, tuple[int, str, int, RankMeta, Any]] = {}
     ahead = kineto_ahead.current()
 
-    def finished(i: int, result: tuple[int, str, int, dict[str, Any], Any]) -> None:
+    def finished(i: int, result: Converted) -> None:
         nonlocal read
         done[i] = result
         read += files[i].stat().st_size
@@ -335,9 +344,9 @@ def _run(
 
 def _finish(
     files: list[Path],
-    done: dict[int, tuple[int, str, int, dict[str, Any], Any]],
+    done: dict[int, tuple[int, str, int, RankMeta, Any]],
     tmp: Path | None,
-) -> tuple[list[tuple[dict[str, Any], Any]], Callable[[], None]]:
+) -> tuple[list[tuple[RankMeta, Any]], Callable[[], None]]:
     """Check ranks and agree on the world size; and what then writes meta.json and names the
     rank folders (once their tables are written)."""
     owner: dict[int, Path] = {}
@@ -358,10 +367,12 @@ def _finish(
     world = max([d[2] for d in done.values()] + [max(owner) + 1, len(files)])
     results = []
     for i in sorted(done, key=lambda i: done[i][0]):
-        rank, _, _, meta, result = done[i]
-        meta["world_size"] = world
-        if result is not None and isinstance(getattr(result, "meta", None), dict):
-            result.meta["world_size"] = world
+        rank, rank_from, _, meta, result = done[i]
+        meta = replace(meta, world_size=world)
+        done[i] = (rank, rank_from, world, meta, result)
+        if result is not None and isinstance(getattr(result, "meta", None), RankMeta):
+            # a per-rank summary (dtprof.analysis), made before the world size was known
+            result = dataclasses.replace(result, meta=meta)
         results.append((meta, result))
 
     def name_folders() -> None:
@@ -369,7 +380,7 @@ def _finish(
             return
         for i in sorted(done):
             rank, meta, folder = done[i][0], done[i][3], tmp / f"file-{i}"
-            (folder / META_FILE).write_bytes(_json(meta))
+            (folder / META_FILE).write_bytes(_json(encode(meta)))
             os.replace(folder, tmp / rank_dir_name(rank))
 
     return results, name_folders

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from dtprof.trace.meta import RankMeta
 from dtprof.trace.reader import Trace, load_trace
 from dtprof.trace.schema import TABLES
 
@@ -26,17 +27,17 @@ def describe(path: str) -> str:
     return "\n".join(lines)
 
 
-def _ddp_buckets(meta: dict) -> str:
+def _ddp_buckets(meta: RankMeta) -> str:
     """How a rank recorded DDP's buckets, from its metadata; "" where it did not."""
-    via = meta.get("ddp_buckets_via")
+    via = meta.ddp_buckets_via
     if via == "comm_hook":
         return "through a comm hook"
     if via != "dispatcher":
         return ""
-    kernel = meta.get("ddp_buckets_kernel")
+    kernel = meta.ddp_buckets_kernel
     if kernel is None:
         return "at the dispatcher"
-    why = f" (native: {meta['ddp_buckets_native']})" if meta.get("ddp_buckets_native") else ""
+    why = f" (native: {meta.ddp_buckets_native})" if meta.ddp_buckets_native else ""
     return f"at the dispatcher by the {kernel} kernel{why}"
 
 

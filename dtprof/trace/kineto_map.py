@@ -26,6 +26,7 @@ from msgspec import UNSET
 
 from dtprof.trace.kineto import COMM_ANNOTATION_RE, STEP_RE, KinetoFile
 from dtprof.trace.kineto_events import NO_ARGS, Args, raw_value
+from dtprof.trace.meta import Clock, ClockEstimate, Imported, RankMeta
 from dtprof.trace.schema import SCHEMA_VERSION, TABLES
 
 COMM_KERNEL = re.compile(r"^nccl.*Kernel")
@@ -566,30 +567,29 @@ def rank_tables(kf: KinetoFile) -> dict[str, pa.Table]:
     return tables
 
 
-def rank_meta(kf: KinetoFile, rank: int, world_size: int, rank_from: str) -> dict[str, Any]:
+def rank_meta(
+    kf: KinetoFile, rank: int, world_size: int, rank_from: str, steps: int, seq_from: str
+) -> RankMeta:
     """meta.json of an imported rank: clock base from baseTimeNanoseconds, source noted."""
     devices = np.unique(kf.gpu.pid[kf.gpu.pid >= 0])
-    info = kf.distributed
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "rank": rank,
-        "world_size": world_size,
-        "host": None,
-        "backend": info.get("backend"),
-        "device": f"cuda:{int(devices[0])}" if len(devices) else "cpu",
-        "status": "finished",
-        "model_kind": "none",
-        "clock": {
-            "mono_to_wall_ns": kf.base_ns,
-            "method": "none",
-            "start": {"mono_ns": 0, "offset_ns": 0, "error_ns": 0},
-        },
-        "imported": {
-            "format": "kineto",
-            "file": str(kf.path),
-            "rank_from": rank_from,
-            "events": kf.events,
-            "kineto_schema_version": kf.header.get("schemaVersion"),
-            "reader": kf.reader,
-        },
-    }
+    backend = kf.distributed.get("backend")
+    return RankMeta(
+        schema_version=SCHEMA_VERSION,
+        rank=rank,
+        world_size=world_size,
+        backend=backend if isinstance(backend, str) else None,
+        device=f"cuda:{int(devices[0])}" if len(devices) else "cpu",
+        status="finished",
+        model_kind="none",
+        clock=Clock(mono_to_wall_ns=kf.base_ns, method="none", start=ClockEstimate(0, 0)),
+        steps=steps,
+        imported=Imported(
+            format="kineto",
+            file=str(kf.path),
+            rank_from=rank_from,
+            seq_from=seq_from,
+            events=kf.events,
+            kineto_schema_version=kf.header.get("schemaVersion"),
+            reader=kf.reader,
+        ),
+    )

@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from dtprof.errors import DtprofError
+from dtprof.trace.meta import ClockParams, InflightOp, RankMeta, as_dict, decode
 from dtprof.trace.schema import (
     INFLIGHT_FILE,
     LIVE_PREFIX,
@@ -62,7 +63,7 @@ class Trace:
     groups: pd.DataFrame
     events: pd.DataFrame
     inflight: pd.DataFrame
-    meta: dict[int, dict[str, Any]] = field(default_factory=dict)
+    meta: dict[int, RankMeta] = field(default_factory=dict)
     kernels: pd.DataFrame = field(default_factory=_no_frame)  # imported GPU activity
 
     @property
@@ -116,37 +117,7 @@ def read_json(file: Path) -> Any:
         raise DtprofError(f"{file}: not readable JSON ({exc})") from None
 
 
-def _int64(value: Any) -> bool:
-    return type(value) is int and -(2**63) <= value < 2**63
-
-
-def _meta_problem(meta: dict[str, Any]) -> str | None:
-    """What is wrong with the fields the readers use, or None."""
-    if not _int64(meta["rank"]) or meta["rank"] < 0:
-        return f"rank {meta['rank']!r:.40} is not a rank"
-    if "world_size" in meta and (not _int64(meta["world_size"]) or meta["world_size"] < 1):
-        return f"world_size {meta['world_size']!r:.40} is not a number of ranks"
-    clock = meta.get("clock") or {}
-    if not isinstance(clock, dict):
-        return "clock is not an object"
-    if not _int64(clock.get("mono_to_wall_ns", 0)):
-        return "clock.mono_to_wall_ns is not a 64-bit integer"
-    for key in ("start", "end"):
-        est = clock.get(key) or {}
-        if not isinstance(est, dict) or not all(
-            _int64(v) or (type(v) is float and abs(v) < 2**62) for v in est.values()
-        ):
-            return f"clock.{key} is not an object of 64-bit numbers"
-    for key in ("disabled_hooks",):
-        if not isinstance(meta.get(key, []), list):
-            return f"{key} is not a list"
-    for key in ("pipeline", "config", "imported"):
-        if not isinstance(meta.get(key) or {}, dict):
-            return f"{key} is not an object"
-    return None
-
-
-def read_meta(folder: Path) -> dict[str, Any]:
+def read_meta(folder: Path) -> RankMeta:
     """A rank's meta.json, checked for the schema version and the types of its fields."""
     file = folder / META_FILE
     meta = read_json(file)
@@ -160,10 +131,10 @@ def read_meta(folder: Path) -> dict[str, Any]:
             f"{file}: trace schema version {version!r:.40}, this dtprof reads "
             f"{SCHEMA_VERSION}{hint}"
         )
-    problem = _meta_problem(meta)
-    if problem is not None:
-        raise DtprofError(f"{file}: {problem}")
-    return meta
+    try:
+        return decode(meta, RankMeta)
+    except ValueError as exc:
+        raise DtprofError(f"{file}: {exc}") from None
 
 
 def read_table(folder: Path, table: Table) -> pa.Table:
@@ -288,39 +259,34 @@ def _nullable_ints() -> dict[pa.DataType, Any]:
     return {pa.int16(): pd.Int16Dtype(), pa.int32(): pd.Int32Dtype()}
 
 
-ClockParams = tuple[int, float, float, float]
-
-
-def clock_params(meta: dict[str, Any]) -> ClockParams:
-    """(mono_to_wall_ns, offset at t0, t0, drift in ns per ns) for one rank.
+def clock_params(meta: RankMeta | None) -> ClockParams:
+    """How one rank's times map onto rank 0's clock (None: a rank that says nothing of it).
 
     Drift is applied only when the exit estimate differs from the start estimate by more than
     their error bounds together; otherwise the estimate with the smaller error holds throughout.
     """
-    clock = meta.get("clock") or {}
-    base = int(clock.get("mono_to_wall_ns", 0))
-    start = clock.get("start") or {}
-    end = clock.get("end") or {}
-    off0 = float(start.get("offset_ns", 0))
-    t0 = float(start.get("mono_ns", 0))
-    if not end or float(end.get("mono_ns", t0)) <= t0:
-        return base, off0, t0, 0.0
-    off1, t1 = float(end["offset_ns"]), float(end["mono_ns"])
-    err0, err1 = float(start.get("error_ns", 0)), float(end.get("error_ns", 0))
-    if abs(off1 - off0) <= err0 + err1:
-        return base, (off0 if err0 <= err1 else off1), t0, 0.0
-    return base, off0, t0, (off1 - off0) / (t1 - t0)
+    if meta is None:
+        return ClockParams(0, 0.0, 0.0, 0.0)
+    clock = meta.clock
+    base, start, end = clock.mono_to_wall_ns, clock.start, clock.end
+    off0, t0 = float(start.offset_ns), float(start.mono_ns)
+    if end is None or end.mono_ns <= t0:
+        return ClockParams(base, off0, t0, 0.0)
+    off1, t1 = float(end.offset_ns), float(end.mono_ns)
+    if abs(off1 - off0) <= start.error_ns + end.error_ns:
+        return ClockParams(base, off0 if start.error_ns <= end.error_ns else off1, t0, 0.0)
+    return ClockParams(base, off0, t0, (off1 - off0) / (t1 - t0))
 
 
-def read_rank_meta(folder: Path) -> dict[str, Any]:
+def read_rank_meta(folder: Path) -> RankMeta:
     """A rank folder's meta.json, checked against the rank in the folder's name."""
     meta = read_meta(folder)
     named = folder.name[len(RANK_DIR_PREFIX) :]
     if not folder.name.startswith(RANK_DIR_PREFIX) or not named.isdigit():
         raise DtprofError(f"{folder}: rank folder name is not rank=<number>")
-    if int(meta["rank"]) != int(named):
+    if meta.rank != int(named):
         raise DtprofError(
-            f"{folder / META_FILE}: says rank {meta['rank']} but the folder is rank {int(named)}"
+            f"{folder / META_FILE}: says rank {meta.rank} but the folder is rank {int(named)}"
         )
     return meta
 
@@ -407,17 +373,19 @@ def arrow_frame(data: pa.Table, integers: Sequence[str]) -> pd.DataFrame:
 
 
 def inflight_table(
-    by_rank: list[tuple[int, list[dict[str, Any]]]], params: dict[int, ClockParams]
+    by_rank: list[tuple[int, list[InflightOp]]], params: dict[int, ClockParams]
 ) -> pa.Table:
     """inflight.json rows of some ranks in Arrow, start_ns on rank 0's clock."""
     parts = [
         aligned(
-            pa.Table.from_pylist([dict(row, rank=rank) for row in rows], schema=INFLIGHT_SCHEMA),
+            pa.Table.from_pylist(
+                [dict(as_dict(op), rank=rank) for op in ops], schema=INFLIGHT_SCHEMA
+            ),
             ["start_ns"],
             params[rank],
         )
-        for rank, rows in by_rank
-        if rows
+        for rank, ops in by_rank
+        if ops
     ]
     if not parts:  # the usual case, once per rank
         return INFLIGHT_SCHEMA.empty_table()
@@ -425,37 +393,30 @@ def inflight_table(
 
 
 def inflight_frame(
-    by_rank: list[tuple[int, list[dict[str, Any]]]], params: dict[int, ClockParams]
+    by_rank: list[tuple[int, list[InflightOp]]], params: dict[int, ClockParams]
 ) -> pd.DataFrame:
     """inflight_table() as pandas."""
     return arrow_frame(inflight_table(by_rank, params), ["start_ns"]).astype(INFLIGHT_DTYPES)
 
 
-def _load_rank(folder: Path) -> tuple[dict[str, Any], dict[str, pa.Table], list[Any]]:
+def _load_rank(folder: Path) -> tuple[RankMeta, dict[str, pa.Table], list[InflightOp]]:
     meta = read_rank_meta(folder)
     tables = {name: read_table(folder, t) for name, t in TABLES.items()}
     return meta, tables, read_inflight(folder)
 
 
-def read_inflight(folder: Path) -> list[dict[str, Any]]:
+def read_inflight(folder: Path) -> list[InflightOp]:
     """A rank's inflight.json: the operations it had entered and not seen complete."""
     file = folder / INFLIGHT_FILE
     if not file.exists():
         return []
     rows = read_json(file)
-    if not isinstance(rows, list) or not all(_inflight_row(r) for r in rows):
+    if not isinstance(rows, list):
         raise DtprofError(f"{file}: not a list of operations")
-    return rows
-
-
-def _inflight_row(row: Any) -> bool:
-    """An inflight.json element whose fields have the types INFLIGHT_DTYPES gives them."""
-    return (
-        isinstance(row, dict)
-        and all(_int64(row.get(k, 0)) for k in ("step", "seq", "bytes", "start_ns"))
-        and (row.get("peer") is None or _int64(row["peer"]))
-        and all(isinstance(row.get(k), (str, type(None))) for k in ("group", "op", "label"))
-    )
+    try:
+        return decode(rows, list[InflightOp])
+    except ValueError as exc:
+        raise DtprofError(f"{file}: not a list of operations ({exc})") from None
 
 
 def load_trace(path: str | os.PathLike[str], threads: int | None = None) -> Trace:
@@ -471,7 +432,7 @@ def load_trace(path: str | os.PathLike[str], threads: int | None = None) -> Trac
         loaded = list(pool.map(lambda rd: _load_rank(rd[1]), rank_dirs))
 
     metas = {rank: meta for (rank, _), (meta, _, _) in zip(rank_dirs, loaded, strict=True)}
-    sizes = {int(m.get("world_size", 0)) for m in metas.values()}
+    sizes = {m.world_size for m in metas.values()}
     if len(sizes) > 1:
         raise DtprofError(
             f"{root}: ranks disagree on the world size ({sorted(sizes)}); "
@@ -500,25 +461,22 @@ def load_trace(path: str | os.PathLike[str], threads: int | None = None) -> Trac
     return Trace(path=root, ranks=ranks, inflight=inflight, meta=metas, **frames)
 
 
-def _rank_row(meta: dict[str, Any]) -> dict[str, Any]:
-    _base, off0, _t0, slope = clock_params(meta)
-    clock = meta.get("clock") or {}
-    start = clock.get("start") or {}
-    pipeline = meta.get("pipeline") or {}
+def _rank_row(meta: RankMeta) -> dict[str, Any]:
+    params = clock_params(meta)
     return {
-        "rank": int(meta["rank"]),
-        "world_size": int(meta.get("world_size", 0)),
-        "host": meta.get("host"),
-        "pid": meta.get("pid"),
-        "device": meta.get("device"),
-        "backend": meta.get("backend"),
-        "model_kind": meta.get("model_kind"),
-        "status": meta.get("status"),
-        "steps": meta.get("steps"),
-        "clock_offset_ns": int(off0),
-        "clock_error_ns": int(start.get("error_ns", 0)),
-        "clock_drift_ppm": slope * 1e6,
-        "pipeline_schedule": pipeline.get("schedule"),
-        "started_at": meta.get("started_at"),
-        "ended_at": meta.get("ended_at"),
+        "rank": meta.rank,
+        "world_size": meta.world_size,
+        "host": meta.host,
+        "pid": meta.pid,
+        "device": meta.device,
+        "backend": meta.backend,
+        "model_kind": meta.model_kind,
+        "status": meta.status,
+        "steps": meta.steps,
+        "clock_offset_ns": int(params.offset_ns),
+        "clock_error_ns": meta.clock.start.error_ns,
+        "clock_drift_ppm": params.drift * 1e6,
+        "pipeline_schedule": meta.pipeline.schedule if meta.pipeline else None,
+        "started_at": meta.started_at,
+        "ended_at": meta.ended_at,
     }

@@ -166,7 +166,7 @@ def _last_collectives(coll: pa.Table, ranks: list[int]) -> dict[int, dict]:
 
 
 def _mismatched(run: RunSummary) -> list[Finding]:
-    if any((m.get("imported") or {}).get("seq_from") == "call order" for m in run.meta.values()):
+    if any(m.imported and m.imported.seq_from == "call order" for m in run.meta.values()):
         return []  # seq counted from call order: profiled windows that start apart shift it
     bad = [(g, np.flatnonzero(~g.agree)) for g in run.matched]
     bad = [(g, at) for g, at in bad if len(at)]

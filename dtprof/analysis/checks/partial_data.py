@@ -21,7 +21,7 @@ def _switched_off(run: RunSummary) -> dict[int, dict[str, int | None]]:
     """Per rank: hook -> the step it was switched off at (None when no event says)."""
     off: dict[int, dict[str, int | None]] = {}
     for rank in run.ranks:
-        hooks = run.meta[rank].get("disabled_hooks") or []
+        hooks = run.meta[rank].disabled_hooks
         if hooks:
             off[rank] = {str(h): None for h in hooks}
     for rank, step, detail in _hook_errors(run.events):

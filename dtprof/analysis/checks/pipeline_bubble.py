@@ -27,7 +27,7 @@ ERROR_FROM = 0.50
 
 
 def check(run: RunSummary) -> list[Finding]:
-    pipes = {r: m["pipeline"] for r, m in run.meta.items() if m.get("pipeline")}
+    pipes = {r: m.pipeline for r, m in run.meta.items() if m.pipeline}
     if not pipes or not run.actions.num_rows:
         return []
     info = next(iter(pipes.values()))
@@ -50,10 +50,10 @@ def check(run: RunSummary) -> list[Finding]:
     idle = np.maximum(step_ns - busy, 0)
     measured = float(np.nansum(idle) / np.nansum(step_ns))
     expected = schedule_bubble(
-        info["schedule"],
-        info["stages"],
-        info["microbatches"],
-        info.get("virtual_stages_per_rank", 1),
+        info.schedule,
+        info.stages,
+        info.microbatches,
+        info.virtual_stages_per_rank,
     )
     if measured < INFO_FROM:
         return []
@@ -71,10 +71,10 @@ def check(run: RunSummary) -> list[Finding]:
     slow_ns = min(slots * float(np.nansum(slowest[by_step] - busy)), total_idle - schedule_ns)
     comm_ns = total_idle - schedule_ns - slow_ns
 
-    p, m = info["stages"], info["microbatches"]
-    v = info.get("virtual_stages_per_rank", 1)
+    p, m = info.stages, info.microbatches
+    v = info.virtual_stages_per_rank
     more = 4 * m
-    predicted = schedule_bubble(info["schedule"], p, more, v)
+    predicted = schedule_bubble(info.schedule, p, more, v)
     severity = "error" if measured >= ERROR_FROM else "warning" if measured >= WARN_FROM else "info"
     analysed = np.unique(values(actions, "step"))
     return [
@@ -85,7 +85,7 @@ def check(run: RunSummary) -> list[Finding]:
             first_step=int(analysed[0]),
             last_step=int(analysed[-1]),
             message=(
-                f"pipeline stages are idle {measured:.0%} of each step ({info['schedule']}, "
+                f"pipeline stages are idle {measured:.0%} of each step ({info.schedule}, "
                 f"{p} stages, {m} microbatches; the schedule itself implies {expected:.0%}): "
                 f"{schedule_ns / total_idle:.0%} of the idle time is the schedule's bubble, "
                 f"{comm_ns / total_idle:.0%} waiting for activations and gradients, "
@@ -97,7 +97,7 @@ def check(run: RunSummary) -> list[Finding]:
                 f"{schedule_bubble('ScheduleInterleaved1F1B', 2 * p, m, 2):.0%})"
             ),
             evidence={
-                "schedule": info["schedule"],
+                "schedule": info.schedule,
                 "stages": p,
                 "microbatches": m,
                 "bubble_fraction": round(measured, 4),

@@ -205,7 +205,7 @@ def check(run: RunSummary) -> list[Finding]:
     comm_ns, overlap_ns = (np.array(c, np.float64) for c in zip(*per.values(), strict=True))
     steps = rows(run.steps, values(run.steps, "step") >= skip)
     step_ns = _per_rank_sum(values(steps, "rank"), values(steps, "step_ns", np.float64), ranks)
-    kinds = {m.get("model_kind") for m in run.meta.values()}
+    kinds = {m.model_kind for m in run.meta.values()}
     kind = str(kinds.pop()) if len(kinds) == 1 else ""
     ddp = kind == "ddp"
     hiding = rows(compute, np.isin(values(compute, "name"), HIDING.get(kind, COMPUTE_PHASES)))

@@ -24,6 +24,7 @@ import pyarrow as pa
 from dtprof.analysis.columns import codes, groups, is_null, values
 from dtprof.analysis.report import Finding
 from dtprof.analysis.summarize import RunSummary
+from dtprof.trace.meta import RankMeta, as_dict
 
 BEHIND_STEPS = 2
 
@@ -31,7 +32,7 @@ BEHIND_STEPS = 2
 def check(run: RunSummary) -> list[Finding]:
     last = _last_steps(run.steps)
     furthest = int(np.nanmax(list(last.values()))) if last else -1
-    statuses = {r: str(m.get("status", "")) for r, m in run.meta.items()}
+    statuses = {r: m.status for r, m in run.meta.items()}
     failed = _failed_ranks(run.collectives)
     lost_peer = {r for r in failed if statuses.get(r, "").startswith("raised")}
     others_done = any(s == "finished" for s in statuses.values()) or bool(lost_peer)
@@ -135,9 +136,8 @@ def _without_trace(run: RunSummary) -> Finding:
     )
 
 
-def _stopped(rank: int, rank_last: int, alive: int, furthest: int, meta: dict) -> Finding:
-    status = str(meta.get("status", ""))
-    exception = meta.get("exception") or {}
+def _stopped(rank: int, rank_last: int, alive: int, furthest: int, meta: RankMeta) -> Finding:
+    status, exception = meta.status, meta.exception
     first = alive + 1
     suggestion = (
         f"read rank {rank}'s log around step {first}: the exception, the OOM killer (dmesg) "
@@ -145,15 +145,12 @@ def _stopped(rank: int, rank_last: int, alive: int, furthest: int, meta: dict) -
     )
     if exception:
         where = ""
-        if exception.get("file"):
-            where = (
-                f" in {exception.get('function')} ({Path(exception['file']).name}:"
-                f"{exception.get('line')})"
-            )
-        text = str(exception.get("message", "")).partition(": ")[2]
-        why = f"raised {exception.get('type')}{where} at step {exception.get('step')}: {text}"
+        if exception.file:
+            where = f" in {exception.function} ({Path(exception.file).name}:{exception.line})"
+        text = exception.message.partition(": ")[2]
+        why = f"raised {exception.type}{where} at step {exception.step}: {text}"
         suggestion = (
-            f"start from rank {rank}'s {exception.get('type')}{where}: its traceback is in its "
+            f"start from rank {rank}'s {exception.type}{where}: its traceback is in its "
             "log, and what it raised is in its meta.json"
         )
     else:
@@ -175,7 +172,7 @@ def _stopped(rank: int, rank_last: int, alive: int, furthest: int, meta: dict) -
             "alive_until_step": alive,
             "furthest_step": furthest,
             "status": status,
-            "exception": exception or None,
+            "exception": as_dict(exception) if exception else None,
         },
     )
 

@@ -20,7 +20,7 @@ PERSISTENT_SHARE = 0.5
 
 
 def check(run: RunSummary) -> list[Finding]:
-    kinds = {m.get("model_kind") for m in run.meta.values()}
+    kinds = {m.model_kind for m in run.meta.values()}
     if kinds != {"ddp"} or not run.fingerprints.num_rows or len(run.ranks) < 2:
         return []
     odd = odd_ranks(run.fingerprints)

@@ -12,14 +12,13 @@ work is its slowest replica's).
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import pyarrow as pa
 
 from dtprof.analysis.columns import group_median, group_union_ns, groups, rows, values, warmup_steps
 from dtprof.analysis.report import Finding
 from dtprof.analysis.summarize import RunSummary
+from dtprof.trace.meta import Pipeline
 
 WARN_SLOWER = 1.15
 ERROR_SLOWER = 1.50
@@ -53,7 +52,7 @@ def per_microbatch_ms(actions: pa.Table, rank: int, names: tuple[str, ...]) -> f
 
 
 def check(run: RunSummary) -> list[Finding]:
-    pipes = {r: m["pipeline"] for r, m in run.meta.items() if m.get("pipeline")}
+    pipes = {r: m.pipeline for r, m in run.meta.items() if m.pipeline}
     if len(pipes) < 2 or not run.actions.num_rows:
         return []
     skip = warmup_steps(values(run.steps, "step"))
@@ -67,7 +66,7 @@ def check(run: RunSummary) -> list[Finding]:
     slower = busy / median
     if not set(ranks.tolist()) <= set(pipes):
         return []  # actions from ranks that did not describe their schedule
-    stage_of = {int(r): tuple(pipes[int(r)].get("stage_indices") or [int(r)]) for r in ranks}
+    stage_of = {int(r): pipes[int(r)].stage_indices or (int(r),) for r in ranks}
     step_ns = values(rows(run.steps, values(run.steps, "step") >= skip), "step_ns", np.float64)
     step_ms = float(np.nanmedian(step_ns)) / 1e6 if len(step_ns) else float("nan")
     findings = []
@@ -81,7 +80,7 @@ def check(run: RunSummary) -> list[Finding]:
 
 def _finding(
     actions: pa.Table,
-    info: dict[str, Any],
+    info: Pipeline,
     stage_of: dict[int, tuple[int, ...]],
     ranks: np.ndarray,
     busy: np.ndarray,
@@ -92,7 +91,7 @@ def _finding(
 ) -> Finding:
     own = float(busy[np.searchsorted(ranks, rank)])
     slower = own / median
-    m, p = int(info["microbatches"]), int(info["stages"])
+    m, p = info.microbatches, info.stages
     predicted = _balanced_step_ms(stage_of, ranks, busy, rank, median, m, step_ms)
     saved = step_ms - predicted
     stages = stage_of[rank]

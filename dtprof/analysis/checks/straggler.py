@@ -285,7 +285,7 @@ def _finding(
     saving = np.minimum(np.where(np.isnan(excess), 0.0, np.maximum(excess, 0)), waited)
     speedup = float(np.nansum(step_ns) / np.nansum(step_ns - saving))
     first, last = int(in_steps.min()), int(in_steps.max())
-    host = run.meta[suspect].get("host", "?")
+    host = run.meta[suspect].host or "?"
     matched = int(culprits.sum())
     last_share = float(arr.last_share.get(suspect, 0.0))
     if chronic:
