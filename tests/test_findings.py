@@ -9,10 +9,14 @@ import numpy as np
 import pytest
 
 import dtprof
-from dtprof.analysis import analyze
+from dtprof.analysis import _summarize, analyze
 from dtprof.analysis.checks.memory_growth import growth_onset
 from dtprof.analysis.checks.straggler import _chance_held
+from dtprof.analysis.columns import rows, values, warmup_steps
+from dtprof.analysis.pipeline import idle_gaps, idle_share_by_rank
 from dtprof.analysis.render import markdown, text
+from dtprof.analysis.summarize import combine
+from dtprof.trace.reader import find_rank_dirs
 from tests.tracebuild import rank_meta, write_rank
 
 MS = 1_000_000
@@ -140,6 +144,29 @@ def test_a_spike_that_spreads_is_blamed_on_the_rank_where_it_began(tmp_path: Pat
     (finding,) = analyze(tmp_path).findings
     assert (finding.ranks, finding.first_step, finding.last_step) == ([0], 12, 13)
     assert finding.evidence["reached"] == [1, 2]
+
+
+def test_pipeline_idle_is_measured_once_for_the_finding_and_the_dashboard(tmp_path: Path) -> None:
+    _pipeline(tmp_path, {0: 6.0, 1: 6.0, 2: 8.4, 3: 6.0})
+    bubble = next(f for f in analyze(tmp_path).findings if f.code == "pipeline-bubble")
+    run = combine(_summarize([d for _, d in find_rank_dirs(tmp_path)], False))
+    skip = warmup_steps(values(run.steps, "step"))
+    ranks, share = idle_share_by_rank(
+        rows(run.actions, values(run.actions, "step") >= skip),
+        rows(run.steps, values(run.steps, "step") >= skip),
+    )
+    assert ranks.tolist() == [0, 1, 2, 3]  # every rank's steps equally long: the mean is it
+    assert float(share.mean()) == pytest.approx(bubble.evidence["bubble_fraction"], abs=1e-4)
+    # the slowest stage: 4 microbatches of 8.4 ms work in 2 x (m + p - 1) slots of 8.4 ms
+    assert share[2] == pytest.approx(1 - 4 / 14, abs=1e-3)
+    assert share[0] == pytest.approx(1 - 4 * 6.0 / (14 * 8.4), abs=1e-3)
+    gaps = idle_gaps(
+        rows(run.actions, values(run.actions, "step") == 5),
+        rows(run.steps, values(run.steps, "step") == 5),
+    )
+    step_ns = values(rows(run.steps, values(run.steps, "step") == 5), "step_ns")
+    per_rank = np.bincount(values(gaps, "rank"), values(gaps, "end_ns") - values(gaps, "start_ns"))
+    assert per_rank / step_ns == pytest.approx(share, abs=1e-3)  # the gaps add up to the idle
 
 
 def test_memory_growth_starts_where_the_readings_rise() -> None:

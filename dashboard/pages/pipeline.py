@@ -14,8 +14,8 @@ from dashboard.components import graph, note, text_input
 from dashboard.rundata import RunData
 from dashboard.shape import MAX_RANK_BINS, rank_bins
 from dashboard.source import Snapshot
-from dtprof.analysis.columns import values, warmup_steps
-from dtprof.analysis.pipeline import schedule_bubble
+from dtprof.analysis.columns import rows, values, warmup_steps
+from dtprof.analysis.pipeline import idle_gaps, idle_share_by_rank, schedule_bubble
 from dtprof.trace.meta import Pipeline
 
 PATH = "/pipeline"
@@ -26,25 +26,6 @@ def schedule_info(data: RunData) -> Pipeline | None:
     return next((m.pipeline for m in data.run.meta.values() if m.pipeline), None)
 
 
-def busy_idle(actions: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
-    """rank, step, start_ns, end_ns of the idle gaps inside each step (outside every action)."""
-    a = actions.sort_values(["rank", "step", "start_ns"], kind="stable")
-    reach = a.groupby(["rank", "step"])["end_ns"].cummax()
-    prev = reach.groupby([a["rank"], a["step"]]).shift(1)
-    gaps = a.assign(gap_start=prev, gap_end=a["start_ns"])
-    gaps = gaps[gaps["gap_start"].notna() & (gaps["gap_end"] > gaps["gap_start"])]
-    bounds = steps.set_index(["rank", "step"])[["start_ns", "end_ns"]]
-    first = a.groupby(["rank", "step"])["start_ns"].min()
-    last = a.groupby(["rank", "step"])["end_ns"].max()
-    edges = bounds.join(first.rename("first"), how="inner").join(last.rename("last"))
-    head = pd.DataFrame({"start_ns": edges["start_ns"], "end_ns": edges["first"]})
-    tail = pd.DataFrame({"start_ns": edges["last"], "end_ns": edges["end_ns"]})
-    inner = gaps.set_index(["rank", "step"])[["gap_start", "gap_end"]]
-    inner.columns = ["start_ns", "end_ns"]
-    out = pd.concat([head, inner, tail]).astype("int64").reset_index()
-    return out[out["end_ns"] > out["start_ns"]]
-
-
 def step_chart(data: RunData, step: int) -> tuple[pd.DataFrame, pd.DataFrame, list[int]]:
     """The actions and idle gaps of one step, ms from its start, y = the rank's row."""
     actions, all_steps = data.frame("actions"), data.steps
@@ -53,7 +34,11 @@ def step_chart(data: RunData, step: int) -> tuple[pd.DataFrame, pd.DataFrame, li
     ranks = sorted(int(r) for r in acts["rank"].unique())
     row = {r: i for i, r in enumerate(ranks)}
     t0 = float(steps["start_ns"].min()) if not steps.empty else float(acts["start_ns"].min())
-    idle = busy_idle(acts, steps[steps["rank"].isin(ranks)])
+    run_steps = data.run.steps
+    idle = idle_gaps(
+        rows(data.run.actions, values(data.run.actions, "step") == step),
+        rows(run_steps, values(run_steps, "step") == step),
+    ).to_pandas()
     acts = acts.assign(
         y=acts["rank"].map(row),
         start_ms=(acts["start_ns"] - t0) / 1e6,
@@ -81,22 +66,13 @@ def step_chart(data: RunData, step: int) -> tuple[pd.DataFrame, pd.DataFrame, li
 
 
 def idle_share(data: RunData) -> pd.DataFrame:
-    """label, idle_fraction per rank over the steps after warm-up."""
-    actions, all_steps = data.frame("actions"), data.steps
-    skip = warmup_steps(values(data.run.steps, "step"))
-    steps = all_steps[all_steps["step"] >= skip]
-    acts = actions[actions["step"] >= skip]
-    idle = busy_idle(acts, steps)
-    per = pd.DataFrame(
-        {
-            "idle": (idle["end_ns"] - idle["start_ns"]).groupby(idle["rank"]).sum(),
-            "step": steps[steps["rank"].isin(acts["rank"].unique())]
-            .groupby("rank")["step_ns"]
-            .sum(),
-        }
-    ).fillna(0)
-    per["idle_fraction"] = per["idle"] / per["step"].where(per["step"] > 0)
-    per = per.rename_axis("rank").reset_index()
+    """label, idle_fraction per rank (binned) over the steps after warm-up."""
+    steps, actions = data.run.steps, data.run.actions
+    skip = warmup_steps(values(steps, "step"))
+    ranks, share = idle_share_by_rank(
+        rows(actions, values(actions, "step") >= skip), rows(steps, values(steps, "step") >= skip)
+    )
+    per = pd.DataFrame({"rank": ranks, "idle_fraction": share})
     per["label"] = rank_bins(per["rank"], MAX_RANK_BINS)
     return per.groupby("label", sort=False)["idle_fraction"].mean().reset_index()
 

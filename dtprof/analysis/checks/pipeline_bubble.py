@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from dtprof.analysis.columns import group_union_ns, groups, rows, values, warmup_steps
-from dtprof.analysis.pipeline import schedule_bubble
+from dtprof.analysis.columns import groups, rows, values, warmup_steps
+from dtprof.analysis.pipeline import busy_ns, schedule_bubble
 from dtprof.analysis.report import Finding
 from dtprof.analysis.summarize import RunSummary
 
@@ -37,16 +37,7 @@ def check(run: RunSummary) -> list[Finding]:
     step_ns = values(steps, "step_ns", np.float64)
     if not actions.num_rows or np.nansum(step_ns) <= 0:
         return []  # every step still in warm-up
-    # busy: the union of each (rank, step)'s actions, 0 for a step without any
-    n = actions.num_rows
-    _, inverse = groups(
-        np.concatenate([values(actions, "rank"), values(steps, "rank")]),
-        np.concatenate([values(actions, "step"), values(steps, "step")]),
-    )
-    # times as float64, as this check has always measured them (at wall-clock magnitudes each
-    # rounds to 256 ns): the same figures as before
-    start, end = values(actions, "start_ns", np.float64), values(actions, "end_ns", np.float64)
-    busy = group_union_ns(inverse[:n], int(inverse.max()) + 1, start, end)[inverse[n:]]
+    busy = busy_ns(actions, steps)
     idle = np.maximum(step_ns - busy, 0)
     measured = float(np.nansum(idle) / np.nansum(step_ns))
     expected = schedule_bubble(

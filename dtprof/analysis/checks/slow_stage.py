@@ -15,7 +15,8 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from dtprof.analysis.columns import group_median, group_union_ns, groups, rows, values, warmup_steps
+from dtprof.analysis.columns import groups, rows, values, warmup_steps
+from dtprof.analysis.pipeline import median_busy_by_rank
 from dtprof.analysis.report import Finding
 from dtprof.analysis.summarize import RunSummary
 from dtprof.trace.meta import Pipeline
@@ -23,16 +24,6 @@ from dtprof.trace.meta import Pipeline
 WARN_SLOWER = 1.15
 ERROR_SLOWER = 1.50
 BACKWARD = ("backward", "backward_input", "backward_weight")
-
-
-def busy_per_rank(actions: pa.Table) -> tuple[np.ndarray, np.ndarray]:
-    """The ranks with actions (sorted) and each one's median busy ns per step (the union of
-    its actions in the step)."""
-    (rank, _), inverse = groups(values(actions, "rank"), values(actions, "step"))
-    start, end = values(actions, "start_ns", np.int64), values(actions, "end_ns", np.int64)
-    busy = group_union_ns(inverse, len(rank), start, end)
-    (ranks,), by_rank = groups(rank)
-    return ranks, group_median(by_rank, len(ranks), busy)
 
 
 def per_microbatch_ms(actions: pa.Table, rank: int, names: tuple[str, ...]) -> float:
@@ -59,7 +50,7 @@ def check(run: RunSummary) -> list[Finding]:
     actions = rows(run.actions, values(run.actions, "step") >= skip)
     if not actions.num_rows:
         return []
-    ranks, busy = busy_per_rank(actions)
+    ranks, busy = median_busy_by_rank(actions)
     median = float(np.median(busy))
     if median <= 0:
         return []
