@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DTPROF_EXTRAS=test bash scripts/setup.sh
-bash scripts/browser.sh   # headless Chromium for tests/test_dashboard_browser.py
+bash scripts/browser.sh   # headless Chromium for tests/system/test_dashboard_browser.py
 . .venv/bin/activate
 echo "== ruff"; ruff check dtprof dashboard tests benchmarks sample_traces examples
 echo "== mypy"; mypy

@@ -25,7 +25,7 @@ from dtprof.trace.kineto_ahead import cached
 from dtprof.trace.kineto_map import rank_tables
 from tests import kinetobuild as kb
 
-REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference_traces"
+REFERENCE = Path(__file__).resolve().parents[3] / "shared" / "reference_traces"
 if not REFERENCE.is_dir():
     REFERENCE = Path("/work/shared/reference_traces")
 TOLERANCE_POINTS = 1.0
@@ -53,7 +53,7 @@ def gpu_rows(path: Path) -> dict[int, dict[str, Any]]:
 def test_detects_both_kinds(tmp_path: Path) -> None:
     assert trace_kind(two_ranks(tmp_path / "k")) == "kineto"
     assert trace_kind(tmp_path / "k" / "worker0.json") == "kineto"
-    assert trace_kind(Path(__file__).resolve().parents[1] / "sample_traces" / "healthy-ddp") == (
+    assert trace_kind(Path(__file__).resolve().parents[2] / "sample_traces" / "healthy-ddp") == (
         "dtprof"
     )
 
@@ -494,7 +494,7 @@ def test_profiler_traces_are_read_with_jemalloc_and_dtprof_traces_are_not(
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="the import uses workers from 2 CPUs on")
 def test_import_workers_never_collect_garbage_they_inherit(tmp_path: Path) -> None:
     """Run in a process of its own: a worker that hangs is killed with it."""
-    script = Path(__file__).parent / "jobs" / "import_with_garbage.py"
+    script = Path(__file__).parents[1] / "jobs" / "workers" / "import_with_garbage.py"
     proc = subprocess.Popen(
         [sys.executable, str(script), str(two_ranks(tmp_path / "k"))],
         stdout=subprocess.PIPE,

@@ -33,7 +33,7 @@ from dtprof.trace.schema import (
     rank_dir_name,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOC = (ROOT / "docs" / "trace-format.md").read_text()
 
 # numpy rounds halves to even, DuckDB away from zero

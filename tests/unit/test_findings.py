@@ -176,7 +176,7 @@ def test_memory_growth_starts_where_the_readings_rise() -> None:
 
 
 def test_a_chronic_straggler_that_began_mid_run_is_reported_from_then(tmp_path: Path) -> None:
-    from tests.test_analyze import _ddp_steps
+    from tests.unit.test_analyze import _ddp_steps
 
     def compute(rank: int, step: int) -> float:
         return 28.0 if rank == 1 and step >= 15 else 20.0 + 0.1 * ((rank + step) % 3)
@@ -237,7 +237,7 @@ def test_profile_records_the_exception_training_left_with(tmp_path: Path) -> Non
 def test_a_rank_late_from_its_data_phase_is_no_straggler(tmp_path: Path) -> None:
     """A leaking loader: rank 3 is last at every step, from its input; its compute is only
     4% slower (memory pressure), far from explaining the others' wait."""
-    from tests.test_analyze import _ddp_steps
+    from tests.unit.test_analyze import _ddp_steps
 
     _ddp_steps(
         tmp_path,
@@ -251,7 +251,7 @@ def test_a_rank_late_from_its_data_phase_is_no_straggler(tmp_path: Path) -> None
 
 
 def test_a_small_consistent_excess_is_a_straggler(tmp_path: Path) -> None:
-    from tests.test_analyze import _ddp_steps
+    from tests.unit.test_analyze import _ddp_steps
 
     _ddp_steps(tmp_path, 4, 40, lambda rank, step: 21.2 if rank == 2 else 20.0)
     (finding,) = analyze(tmp_path).findings
@@ -268,7 +268,7 @@ def _mostly_last(rank: int, step: int) -> float:
 
 def test_a_small_excess_held_in_most_of_many_steps_is_a_straggler(tmp_path: Path) -> None:
     """Last in 7 steps of 10 over 36 steps: equal ranks would do that once in ~10^7 runs."""
-    from tests.test_analyze import _ddp_steps
+    from tests.unit.test_analyze import _ddp_steps
 
     _ddp_steps(tmp_path, 4, 40, _mostly_last)
     (finding,) = analyze(tmp_path).findings
@@ -278,7 +278,7 @@ def test_a_small_excess_held_in_most_of_many_steps_is_a_straggler(tmp_path: Path
 
 def test_the_same_share_of_a_few_steps_is_no_straggler(tmp_path: Path) -> None:
     """Last in 7 of 10 analysed steps: equal ranks would do that in ~1% of runs."""
-    from tests.test_analyze import _ddp_steps
+    from tests.unit.test_analyze import _ddp_steps
 
     _ddp_steps(tmp_path, 4, 12, _mostly_last)
     assert [f.code for f in analyze(tmp_path).findings] == []
@@ -291,7 +291,7 @@ def test_the_chance_of_holding_the_others_up_is_a_binomial_tail() -> None:
     assert _chance_held(19, 26, 4) < 1e-5 < _chance_held(8, 10, 4) < 0.01
 
 
-SAMPLES = Path(__file__).resolve().parents[1] / "sample_traces"
+SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
 
 
 @pytest.mark.skipif(not SAMPLES.exists(), reason="no sample traces")

@@ -11,7 +11,7 @@ import pytest
 import dtprof
 from dtprof.analysis import analyze
 
-JOB = Path(__file__).parent / "jobs" / "recording_faults.py"
+JOB = Path(__file__).parents[1] / "jobs" / "workers" / "recording_faults.py"
 
 
 def _run(tmp_path: Path, mode: str) -> tuple[Path, str]:

@@ -31,7 +31,7 @@ from dtprof.trace.kineto_map import (
 from tests import kinetobuild as kb
 from tests.conftest import native_reader_or_skip
 
-REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference_traces"
+REFERENCE = Path(__file__).resolve().parents[3] / "shared" / "reference_traces"
 if not REFERENCE.is_dir():
     REFERENCE = Path("/work/shared/reference_traces")
 

@@ -18,7 +18,7 @@ from dtprof.analysis import analyze
 from dtprof.analysis.render import markdown, text
 from tests.tracebuild import rank_meta, write_rank
 
-SAMPLES = Path(__file__).resolve().parents[1] / "sample_traces"
+SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
 MS = 1_000_000
 
 
@@ -608,8 +608,8 @@ print(type(pyarrow.table({"a": [1]}).to_pandas()).__name__)  # pandas where it i
 
 
 def test_analyze_never_imports_pandas_but_arrow_still_reaches_it(tmp_path: Path) -> None:
-    from tests.test_flight import _entry, _write
-    from tests.test_kineto import two_ranks
+    from tests.unit.test_flight import _entry, _write
+    from tests.unit.test_kineto import two_ranks
 
     _ddp_like(tmp_path / "slow", {0: 20.0, 1: 26.0, 2: 20.0})
     (tmp_path / "fr").mkdir()  # Flight Recorder dumps: rank 1 called another collective

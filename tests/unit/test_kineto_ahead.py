@@ -18,7 +18,7 @@ from dtprof.trace.importer import import_kineto
 from dtprof.trace.kineto import read_kineto
 from tests import kinetobuild as kb
 from tests.conftest import native_reader_or_skip
-from tests.test_kineto_native import assert_same
+from tests.unit.test_kineto_native import assert_same
 
 
 class FakeScanner:

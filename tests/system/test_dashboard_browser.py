@@ -22,7 +22,7 @@ import pytest
 from dtprof.jobs.launch import free_port
 
 CHROMIUM = Path(os.environ.get("DTPROF_CHROMIUM", "/usr/bin/chromium"))
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SHOTS_ENV = os.environ.get("DTPROF_SCREENSHOTS")
 VIEWPORT = {"width": 1400, "height": 900}
 

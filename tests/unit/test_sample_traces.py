@@ -9,7 +9,7 @@ import pytest
 
 from dtprof.trace.reader import load_trace
 
-SAMPLES_DIR = Path(__file__).resolve().parents[1] / "sample_traces"
+SAMPLES_DIR = Path(__file__).resolve().parents[2] / "sample_traces"
 sys.path.insert(0, str(SAMPLES_DIR))
 import generate  # noqa: E402  (sample_traces/ is a folder of scripts, not a package)
 

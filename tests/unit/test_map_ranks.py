@@ -14,7 +14,7 @@ import pytest
 from dtprof.analysis import PROCESSES_FROM, analyze, map_ranks
 from dtprof.errors import DtprofError
 
-SAMPLES = Path(__file__).resolve().parents[1] / "sample_traces"
+SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
 
 
 def _pid(item: object) -> tuple[int, object]:

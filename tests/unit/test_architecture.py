@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # part -> the parts and libraries it must never import (a prefix matches its submodules)
 COMMANDS = ["dtprof.jobs", "dtprof.cli"]

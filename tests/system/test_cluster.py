@@ -14,7 +14,7 @@ from tests import kinetobuild as kb
 
 pytest.importorskip("dask.distributed")
 
-SAMPLES = Path(__file__).resolve().parents[1] / "sample_traces"
+SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
 
 
 def test_a_local_cluster_gives_the_same_report_as_in_process(

@@ -23,7 +23,7 @@ from dtprof.cli import main
 from tests import kinetobuild
 from tests.tracebuild import fr_entry
 
-SAMPLE = Path(__file__).parents[1] / "sample_traces" / "healthy-ddp"
+SAMPLE = Path(__file__).parents[2] / "sample_traces" / "healthy-ddp"
 R1 = "rank=00001"
 
 

@@ -10,7 +10,7 @@ import pytest
 
 pytestmark = pytest.mark.multiprocess
 
-BENCHMARK = Path(__file__).resolve().parents[1] / "benchmarks" / "accuracy.py"
+BENCHMARK = Path(__file__).resolve().parents[2] / "benchmarks" / "accuracy.py"
 
 
 def test_planted_faults_are_found_where_they_were_planted(tmp_path: Path) -> None:

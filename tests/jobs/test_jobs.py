@@ -31,7 +31,7 @@ def test_ddp_steps_buckets_sequence_numbers_clocks_fingerprints(tmp_path: Path, 
     if how == "native":
         native_kernel_or_skip()
     trace_dir, world, steps = tmp_path / "trace", 3, 12
-    script = Path(__file__).parent / "jobs" / "ddp_buckets.py"
+    script = Path(__file__).parent / "workers" / "ddp_buckets.py"
     procs = launch.start_command(
         [sys.executable, str(script), str(trace_dir), str(steps), how],
         world,

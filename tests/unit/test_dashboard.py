@@ -36,7 +36,7 @@ from dtprof.record.writer import TraceWriter, write_json_atomic
 from dtprof.trace.schema import META_FILE, rank_dir_name
 from tests.tracebuild import rank_meta
 
-SAMPLES = Path(__file__).resolve().parents[1] / "sample_traces"
+SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
 _cache: dict[str, Snapshot] = {}
 
 

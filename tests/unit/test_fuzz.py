@@ -22,7 +22,7 @@ from dtprof.trace.reader import load_trace
 from tests import kinetobuild
 from tests.tracebuild import fr_entry
 
-SAMPLE = Path(__file__).parents[1] / "sample_traces" / "healthy-ddp"
+SAMPLE = Path(__file__).parents[2] / "sample_traces" / "healthy-ddp"
 FUZZ = settings(
     max_examples=60,
     deadline=None,

@@ -18,7 +18,7 @@ import pytest
 
 from dtprof.jobs.launch import free_port
 
-SAMPLE = Path(__file__).parents[1] / "sample_traces" / "healthy-ddp"
+SAMPLE = Path(__file__).parents[2] / "sample_traces" / "healthy-ddp"
 pytestmark = pytest.mark.timeout(120)
 
 

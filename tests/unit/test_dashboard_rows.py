@@ -24,7 +24,7 @@ from dtprof.trace.reader import load_trace
 from dtprof.trace.schema import META_FILE, TABLES, rank_dir_name
 from tests.tracebuild import rank_meta
 
-SAMPLE = Path(__file__).parents[1] / "sample_traces" / "straggler-ddp"
+SAMPLE = Path(__file__).parents[2] / "sample_traces" / "straggler-ddp"
 
 
 def _frame(n: int) -> pd.DataFrame:
