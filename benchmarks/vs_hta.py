@@ -72,7 +72,7 @@ print(json.dumps({"idle": float(r0["idle_time_pctg"]), "compute": float(r0["comp
 FLOOR_SCRIPT = """
 import os, sys, threading
 from pathlib import Path
-import dtprof.cli as cli
+from dtprof.commands import own_process
 from dtprof.trace import kineto_ahead
 files = kineto_ahead.kineto_files(Path(sys.argv[1]))
 lib = kineto_ahead.open_library(kineto_ahead.library_path())
@@ -90,8 +90,8 @@ def scan():
             os._exit(3)  # given back to the Python reader: no floor to time
 thread = threading.Thread(target=scan)
 thread.start()
-cli._OWN_PROCESS = True
-with cli._pandas_held_back(), cli._importing():  # as analyze imports them
+own_process.OWN = True
+with own_process.pandas_held_back():  # as analyze imports them
     from dtprof.analysis import analyze
     from dtprof.analysis.render import markdown, text
 scan()

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import gc
 import os
-import threading
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -24,28 +23,6 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 R = TypeVar("R")
-
-
-_command = False  # see command_owns_process
-_closing: list[threading.Thread] = []  # each shuts a pool down, waiting for its workers
-
-
-def command_owns_process() -> None:
-    """Say that this is the ``dtprof`` command's own process, which froze its imports' objects
-    for good and ends with ``os._exit`` after wait_for_workers. run_beside then neither asks
-    whether objects are frozen (``gc.get_freeze_count`` counts them one by one: 7 ms after the
-    imports, while the other CPUs wait for the fork) nor waits for its workers to exit (6 ms
-    after the last result) before the command goes on."""
-    global _command
-    _command = True
-
-
-def wait_for_workers() -> None:
-    """Wait for the workers of pools run_beside left shutting down to exit. A command's process
-    must, before ``os._exit``: a worker still waiting for its pool's last word would wait on,
-    an orphan holding the command's output open."""
-    while _closing:
-        _closing.pop().join()
 
 
 def workers_for(items: int) -> int:
@@ -86,7 +63,6 @@ def run_beside(
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
     from concurrent.futures.process import BrokenProcessPool
 
-    wait_for_workers()  # a previous run's, long gone: at most one pool is left closing
     claims = multiprocessing.Array("b", len(items))  # 1: a process has the item
 
     def for_worker() -> int | None:
@@ -116,8 +92,8 @@ def run_beside(
     # A forked worker inherits this process's garbage: collected there, an object such as a
     # torch process group runs a destructor that waits for threads the worker does not have,
     # and the worker hangs. Objects frozen when a worker forks are never collected in it.
-    # (Frozen already, by the command's imports: they stay so after.)
-    frozen_before = _command or gc.get_freeze_count() > 0
+    # (Objects frozen before stay so after.)
+    frozen_before = gc.get_freeze_count() > 0
     gc.freeze()
     try:
         pool = ProcessPoolExecutor(extra, initializer=_share_claims, initargs=(claims,))
@@ -140,12 +116,7 @@ def run_beside(
                     if ran:  # else taken back by this process
                         done(i, result)
         finally:
-            if _command:
-                closing = threading.Thread(target=pool.shutdown, kwargs={"cancel_futures": True})
-                closing.start()
-                _closing.append(closing)
-            else:
-                pool.shutdown(cancel_futures=True)
+            pool.shutdown(cancel_futures=True)
     finally:
         if not frozen_before:
             gc.unfreeze()

@@ -570,37 +570,12 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-EXIT_PROBE = """
-import atexit, sys
-if sys.argv[1] == "traced":
-    sys.modules["coverage"] = type(sys)("coverage")  # as under `coverage run`
-atexit.register(lambda: print("torn down"))
-sys.argv = ["dtprof", "analyze", *sys.argv[2:]]
-from dtprof.cli import run
-run()
-"""
-
-
-def test_one_shot_commands_end_without_teardown_but_not_under_coverage(tmp_path: Path) -> None:
-    _ddp_like(tmp_path / "slow", {0: 20.0, 1: 26.0, 2: 20.0})
-    outputs = {}
-    buffered = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
-    for how in ("plain", "traced"):
-        cmd = [sys.executable, "-c", EXIT_PROBE, how, str(tmp_path / "slow")]
-        done = subprocess.run(cmd, capture_output=True, text=True, env=buffered)
-        assert done.returncode == 1, done.stderr
-        outputs[how] = done.stdout
-    # the report, a few lines held in a pipe's buffer, arrives whole before the process ends
-    assert "ERROR straggler (ranks 1" in outputs["plain"]
-    assert "torn down" not in outputs["plain"]
-    assert outputs["traced"].rstrip().endswith("torn down")
-
-
 PANDAS_PROBE = """
 import sys
 import pyarrow
 import dtprof.cli as cli
-cli._OWN_PROCESS = True  # as run() sets it
+from dtprof.commands import own_process
+own_process.OWN = True  # as run() sets it
 code = cli.main(["analyze", *sys.argv[1:]])
 print("exit", code, "pandas", "pandas" in sys.modules)
 print(type(pyarrow.table({"a": [1]}).to_pandas()).__name__)  # pandas where it is asked for

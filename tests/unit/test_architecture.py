@@ -11,7 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 # part -> the parts and libraries it must never import (a prefix matches its submodules)
-COMMANDS = ["dtprof.jobs", "dtprof.cli"]
+COMMANDS = ["dtprof.jobs", "dtprof.cli", "dtprof.commands"]
 NEVER = {
     "dtprof.trace": ["dtprof.analysis", "dtprof.record", *COMMANDS, "dashboard", "torch", "dash"],
     "dtprof.analysis": ["dtprof.record", *COMMANDS, "dashboard", "torch", "dash", "plotly"],

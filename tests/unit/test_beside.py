@@ -6,8 +6,6 @@ import gc
 import multiprocessing
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -15,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from dtprof import beside, cli
+from dtprof import beside
 from dtprof.errors import DtprofError
 
 
@@ -109,111 +107,17 @@ def _square(i: int) -> int:
 
 
 @pytest.mark.usefixtures("two_cpus")
-def test_objects_frozen_before_stay_frozen_and_its_own_freeze_is_undone(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Workers fork with every object frozen; a freeze made before (a command's imports, see
-    dtprof.cli) outlives the run, and the run's own one does not."""
+def test_objects_frozen_before_stay_frozen_and_its_own_freeze_is_undone() -> None:
+    """Workers fork with every object frozen; a freeze made before outlives the run, and the
+    run's own one does not."""
     got: dict[int, int] = {}
     gc.unfreeze()
     beside.run_beside(_square, [1, 2, 3], got.__setitem__)
     assert got == {0: 1, 1: 4, 2: 9} and gc.get_freeze_count() == 0
-    with cli._importing():  # not the command's own process: nothing frozen
-        pass
-    assert gc.isenabled() and gc.get_freeze_count() == 0
-    monkeypatch.setattr(cli, "_OWN_PROCESS", True)
-    monkeypatch.setattr(beside, "_command", False)
+    gc.freeze()
     try:
-        with cli._importing():
-            assert not gc.isenabled()
-        assert gc.isenabled() and gc.get_freeze_count() > 0
-        counted = []  # the command's run does not count its frozen objects (7 ms)
-        count = gc.get_freeze_count
-        monkeypatch.setattr(gc, "get_freeze_count", lambda: counted.append(1) or count())
         beside.run_beside(_square, [1, 2, 3], got.__setitem__)
-        assert not counted and count() > 0
-        assert len(beside._closing) == 1  # its workers' exit is waited for at the end
-        beside.wait_for_workers()
-        assert not beside._closing and not multiprocessing.active_children()
+        assert gc.get_freeze_count() > 0  # still frozen (a few objects freed since)
+        assert not multiprocessing.active_children()  # the pool's workers are gone
     finally:
         gc.unfreeze()
-
-
-_RUN_AND_END = """
-import os
-from dtprof import beside
-os.cpu_count = lambda: 2
-def square(i):
-    return i * i
-got = {}
-beside.command_owns_process()
-beside.run_beside(square, [1, 2, 3], got.__setitem__)
-print(sorted(got.items()), flush=True)
-beside.wait_for_workers()  # as the command does before it ends
-os._exit(0)
-"""
-
-
-def test_a_command_ending_at_once_leaves_no_worker_behind() -> None:
-    """The command's process goes on while its pool's worker exits, and waits for it only
-    before ``os._exit``: without that wait, the worker could outlive it, waiting for its pool's
-    last word and holding the command's output open (its reader would never see the end)."""
-    proc = subprocess.Popen([sys.executable, "-c", _RUN_AND_END], stdout=subprocess.PIPE, text=True)
-    try:
-        out, _ = proc.communicate(timeout=20)
-    finally:
-        for child in _children(proc.pid):
-            os.kill(child, signal.SIGKILL)
-        proc.kill()
-        proc.wait()
-    assert out.strip() == "[(0, 1), (1, 4), (2, 9)]"
-
-
-def _children(pid: int) -> list[int]:
-    """The other processes running this test's script: its worker, found by its command line
-    (once orphaned it is re-parented, and no longer has pid as its parent)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
-            except OSError:
-                continue
-            if b"beside.run_beside(square" in cmdline and int(entry) != pid:
-                found.append(int(entry))
-    return found
-
-
-_COUNT_NUMPY_THREADS = """
-import os
-from dtprof import cli
-cli._OWN_PROCESS = True
-before = len(os.listdir("/proc/self/task"))
-with cli._importing():
-    import numpy
-print(len(os.listdir("/proc/self/task")) - before, os.environ.get("OPENBLAS_NUM_THREADS"))
-"""
-
-
-@pytest.mark.skipif(
-    not os.path.isdir("/proc/self/task") or (os.cpu_count() or 1) < 2,
-    reason="counts a process's threads in /proc; OpenBLAS starts none on one CPU",
-)
-@pytest.mark.parametrize(("user_sets", "printed"), [(None, "0 None"), ("1", "0 1")])
-def test_the_command_loads_numpy_without_blas_threads_and_passes_no_setting_on(
-    user_sets: str | None, printed: str
-) -> None:
-    """OpenBLAS would start a spinning thread per further CPU; the setting that stops it does
-    not outlive the import, and one the user made is theirs."""
-    env = {k: v for k, v in os.environ.items() if k not in cli.BLAS_THREAD_VARIABLES}
-    if user_sets is not None:
-        env["OPENBLAS_NUM_THREADS"] = user_sets
-    out = subprocess.run(
-        [sys.executable, "-c", _COUNT_NUMPY_THREADS],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-    )
-    assert out.stdout.split() == printed.split(), out.stderr

@@ -479,7 +479,8 @@ def test_profiler_traces_are_read_with_jemalloc_and_dtprof_traces_are_not(
     profiler = two_ranks(tmp_path / "k")
     (tmp_path / "t" / "rank=00000").mkdir(parents=True)
     probe = (
-        "import os, sys; from dtprof import cli; cli._lean_arrow_allocator(sys.argv[1]); "
+        "import os, sys; from dtprof.commands import own_process; "
+        "own_process.lean_arrow_allocator(sys.argv[1]); "
         "assert 'pyarrow' not in sys.modules; print(os.environ.get('ARROW_DEFAULT_MEMORY_POOL'))"
     )
     chosen = {
