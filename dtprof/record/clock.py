@@ -44,7 +44,7 @@ def _wall_ns(base: int) -> int:
 def start(world_size: int) -> Clock:
     """Anchor the monotonic clock to the wall clock and measure the offset to rank 0."""
     base = time.time_ns() - time.perf_counter_ns()
-    alone = Clock(base, "none", ClockEstimate(time.perf_counter_ns(), 0, 0))
+    alone = Clock(base, ClockEstimate(time.perf_counter_ns(), 0, 0))
     if world_size <= 1:
         return alone
     try:
@@ -52,7 +52,7 @@ def start(world_size: int) -> Clock:
     except Exception as exc:  # times stay on this host's wall clock
         why = str(exc).splitlines()[0] if str(exc) else repr(exc)
         return replace(alone, method=f"failed: {why}")
-    return Clock(base, "ping-pong with rank 0 over gloo", ClockEstimate(at, offset, error))
+    return Clock(base, ClockEstimate(at, offset, error), method="ping-pong with rank 0 over gloo")
 
 
 def finish(clock: Clock, world_size: int) -> Clock:

@@ -581,7 +581,7 @@ def rank_meta(
         device=f"cuda:{int(devices[0])}" if len(devices) else "cpu",
         status="finished",
         model_kind="none",
-        clock=Clock(mono_to_wall_ns=kf.base_ns, method="none", start=ClockEstimate(0, 0)),
+        clock=Clock(mono_to_wall_ns=kf.base_ns, start=ClockEstimate(0, 0)),
         steps=steps,
         imported=Imported(
             format="kineto",

@@ -5,7 +5,7 @@ Each is a frozen msgspec Struct: written with ``encode``, read and checked with 
 (a field of the wrong type is a one-line error naming the field; a key this dtprof does not
 know is ignored, as the format asks of readers). They are immutable: change a copy with
 ``replace``. Objects whose optional fields are absent when they have no value (meta.json itself,
-its clock, nvml and imported) omit them; the others write every field, null where empty.
+nvml and imported) omit them; the others write every field, null where empty.
 ``docs/trace-format.md`` lists the same fields, and a test holds the two together.
 """
 
@@ -27,17 +27,17 @@ class ClockEstimate(msgspec.Struct, frozen=True):
     error_ns: Int64 = 0  # bound on the estimate's error: half the best round trip
 
 
-class Clock(msgspec.Struct, frozen=True, omit_defaults=True):
+class Clock(msgspec.Struct, frozen=True):
     """What aligns a rank's monotonic times to rank 0's clock."""
 
     mono_to_wall_ns: Int64  # wall clock minus monotonic clock, sampled once at start
-    method: str  # ping-pong with rank 0 over gloo, none, or failed: <error>
     start: ClockEstimate
+    method: str = "none"  # ping-pong with rank 0 over gloo, none, or failed: <error>
     end: ClockEstimate | None = None  # the same at a clean exit
     end_error: str | None = None  # why the exit estimate failed
 
 
-UNALIGNED = Clock(0, "none", ClockEstimate(0, 0))  # a rank that says nothing of its clock
+UNALIGNED = Clock(0, ClockEstimate(0, 0))  # a rank that says nothing of its clock
 
 
 class ClockParams(NamedTuple):
