@@ -13,7 +13,6 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -22,18 +21,17 @@ from dashboard.held import Held, extend, fresh, moved_clock, rebase
 from dashboard.measures import precompute
 from dashboard.rows import RowCache, Rows
 from dashboard.rundata import RunData, empty, samples_frame, steps_only
-from dtprof.analysis import PROCESSES_FROM, map_ranks
 from dtprof.analysis.causes import link
 from dtprof.analysis.checks import CHECKS
 from dtprof.analysis.report import Finding
 from dtprof.analysis.summarize import (
     RunSummary,
     combine,
-    per_folder,
     ranks_without_trace,
     release_memory,
 )
 from dtprof.errors import DtprofError
+from dtprof.parallel import PROCESSES_FROM, map_items
 from dtprof.trace.follow import Delta, TraceFollower
 from dtprof.trace.meta import InflightOp, RankMeta
 from dtprof.trace.reader import clock_params, rank_table
@@ -155,10 +153,9 @@ class LiveSource:
             (r, str(self.follower.ranks[r].folder), self.meta[r], self.inflight.get(r, []))
             for r in ranks
         ]
-        if len(jobs) >= PROCESSES_FROM:
-            read = map_ranks(fresh, jobs, name=lambda job: job[1])  # named by the rank's folder
-        else:  # beside this process, as dtprof analyze reads them: threads would take turns
-            read = per_folder(fresh, jobs, [Path(job[1]) for job in jobs])
+        # named by the rank's folder; a few here, many in processes, as dtprof analyze reads them
+        processes = len(jobs) >= PROCESSES_FROM
+        read = map_items(fresh, jobs, processes=processes, name=lambda job: job[1])
         for (rank, *_), (held, cursors, nbytes) in zip(jobs, read, strict=True):
             self.follower.adopt(rank, cursors, nbytes)
             old = self.held.get(rank)

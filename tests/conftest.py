@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -65,24 +63,3 @@ def native_reader_or_skip() -> None:
         if os.environ.get("CI"):
             pytest.fail(f"the native profiler-trace reader is needed in CI: {why_not}")
         pytest.skip(f"the native profiler-trace reader: {why_not}")
-
-
-@pytest.fixture
-def summarize_beside(monkeypatch: pytest.MonkeyPatch) -> Callable[[], list[int]]:
-    """Once called, summarize_folders runs ranks beside this process whatever they hold; the
-    list it returns then gets each run_beside call's number of items."""
-    from dtprof.analysis import summarize
-    from dtprof.beside import run_beside as real_run_beside
-
-    def force() -> list[int]:
-        calls: list[int] = []
-
-        def run_beside(fn: Any, items: list[Any], done: Any, **kw: Any) -> None:
-            calls.append(len(items))
-            real_run_beside(fn, items, done, **kw)
-
-        monkeypatch.setattr(summarize, "BESIDE_FROM_BYTES", 0)
-        monkeypatch.setattr(summarize, "run_beside", run_beside)
-        return calls
-
-    return force

@@ -6,11 +6,9 @@ import contextlib
 import os
 import sys
 import time
-from collections.abc import Callable
-from concurrent.futures import BrokenExecutor, Executor, ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
@@ -26,14 +24,13 @@ from dtprof.analysis.summarize import (
     combine,
     ranks_without_trace,
     release_memory,
-    summarize_folders,
     summarize_ranks,
 )
 from dtprof.errors import DtprofError
+from dtprof.parallel import PROCESSES_FROM, PROGRESS_AFTER_S, map_items
 from dtprof.trace.reader import find_rank_dirs
 
 __all__ = ["Finding", "Report", "analyze"]
-T = TypeVar("T")
 
 
 def analyze(
@@ -82,21 +79,20 @@ def _analyze(
         if ranks is not None:
             rank_dirs = [(r, d) for r, d in rank_dirs if r in set(ranks)]
         folders = [d for _, d in rank_dirs]
-        if folders and (scheduler or workers):
-            from dtprof.analysis.cluster import dask_map
-
-            paths = [str(f.resolve()) for f in folders]
-            batches = [paths[i : i + RANKS_PER_TASK] for i in range(0, len(paths), RANKS_PER_TASK)]
-            summaries = dask_map(
-                summarize_ranks,
-                batches,
-                scheduler=scheduler,
-                workers=workers,
-                progress=progress,
-                what=f"tasks of up to {RANKS_PER_TASK} ranks",
-            )
-        else:
-            summaries = _summarize(folders, progress) if folders else []
+        # many ranks: in batches, each summarized and combined by one worker, so that fewer,
+        # larger parts travel back
+        paths = [str(f.resolve()) if scheduler or workers else f for f in folders]
+        batches = [paths[i : i + RANKS_PER_TASK] for i in range(0, len(paths), RANKS_PER_TASK)]
+        summaries = map_items(
+            summarize_ranks,
+            batches,
+            processes=len(folders) >= PROCESSES_FROM,
+            scheduler=scheduler,
+            workers=workers,
+            progress=progress,
+            count=len,
+            name=lambda batch: str(batch[0]),
+        )
     else:
         summaries = [s for s in imported if ranks is None or s.rank in set(ranks)]
     if not summaries:
@@ -119,75 +115,7 @@ def _analyze(
 
 
 RELEASE_FROM_ROWS = 1_000_000  # a run this large gives back the heap its parts held
-PROCESSES_FROM = 32  # ranks; below that, starting processes costs more than it saves
-PROGRESS_AFTER_S = 1.0  # loading that takes longer shows its progress on stderr
-
-
-RANKS_PER_TASK = 16  # with processes: ranks summarized and combined by one task
-
-
-def _summarize(folders: list[Path], progress: bool) -> list[RankSummary | RunSummary]:
-    """summarize_rank on every rank folder: for a few, in this process and beside it; for
-    many, in a process pool, a batch of ranks per task combined there."""
-    if len(folders) < PROCESSES_FROM or (os.cpu_count() or 1) < 2:
-        return list(summarize_folders(folders, _Progress(len(folders), progress).add))
-    batches = [folders[i : i + RANKS_PER_TASK] for i in range(0, len(folders), RANKS_PER_TASK)]
-    return list(map_ranks(summarize_ranks, batches, progress, count=len, name=lambda b: b[0]))
-
-
-def map_ranks(
-    fn: Callable[[Any], T],
-    folders: list[Any],
-    progress: bool = False,
-    count: Callable[[Any], int] | None = None,
-    name: Callable[[Any], str] = str,
-) -> list[T]:
-    """fn on each rank's item (a folder, or what fn takes), in order: in threads for a few
-    ranks, in processes for many (fn must then be a module-level function). ``count`` says
-    how many ranks an item holds (default 1), for the progress line; ``name`` names an item in
-    the error when a worker process dies (the kernel's OOM killer, a signal)."""
-    cpus = os.cpu_count() or 1
-    sizes = [count(f) if count else 1 for f in folders]
-    total = sum(sizes)
-    pool: Executor
-    if total >= PROCESSES_FROM and cpus > 1:  # ranks, not items: an item may hold a batch
-        from concurrent.futures import ProcessPoolExecutor  # with multiprocessing: 7 ms to import
-
-        workers = min(cpus, len(folders))
-        # items in chunks of up to 4, but never so few chunks that a worker has none
-        pool, chunk = ProcessPoolExecutor(workers), max(1, min(4, len(folders) // (2 * workers)))
-    else:
-        pool, chunk = ThreadPoolExecutor(max_workers=min(8, cpus * 2)), 1
-    shown = _Progress(total, progress)
-    summaries: list[T] = []
-    try:
-        with pool:
-            for size, summary in zip(sizes, pool.map(fn, folders, chunksize=chunk), strict=True):
-                summaries.append(summary)
-                shown.add(size)
-    except BrokenExecutor:  # a process pool's worker died
-        # the pool fails every item not finished: the dead worker's is the first of them or one
-        # after it, and map() hands results in order, so that is as near as it can name it
-        raise DtprofError(
-            f"{name(folders[len(summaries)])}: a worker process died while reading this rank "
-            "or one after it (killed, perhaps for lack of memory)"
-        ) from None
-    return summaries
-
-
-class _Progress:
-    """``dtprof: read N/M ranks`` on stderr once loading is slow: every 64 ranks, and the last."""
-
-    def __init__(self, total: int, on: bool) -> None:
-        self.total, self.on = total, on
-        self.started, self.done, self.shown = time.monotonic(), 0, 0
-
-    def add(self, ranks: int = 1) -> None:
-        self.done += ranks
-        late = time.monotonic() - self.started > PROGRESS_AFTER_S
-        if self.on and late and (self.done - self.shown >= 64 or self.done == self.total):
-            print(f"dtprof: read {self.done}/{self.total} ranks", file=sys.stderr, flush=True)
-            self.shown = self.done
+RANKS_PER_TASK = 16  # ranks summarized and combined by one task (of a pool or of Dask)
 
 
 def _window(run: RunSummary, steps: tuple[int | None, int | None] | None) -> RunSummary:

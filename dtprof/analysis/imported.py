@@ -10,10 +10,10 @@ import pyarrow as pa
 
 from dtprof.analysis.summarize import (
     RankSummary,
-    summarize_folders,
     summarize_frames,
     summarize_rank,
 )
+from dtprof.parallel import map_items
 from dtprof.trace.importer import import_kineto, resolve, start_import, trace_kind
 from dtprof.trace.kineto_ahead import cache_path, cached
 from dtprof.trace.meta import RankMeta
@@ -45,10 +45,9 @@ def summarize_imported(
     if kind != "kineto":
         return None, _nothing
     if scheduler or workers:
-        from dtprof.analysis.cluster import dask_map
 
         def on_dask(fn: Callable[[Any], Any], items: list[Any]) -> list[Any]:
-            return dask_map(
+            return map_items(
                 fn,
                 [(f.resolve(), *rest) for f, *rest in items],
                 scheduler=scheduler,
@@ -61,7 +60,7 @@ def summarize_imported(
         return [summary for _, summary in results], _nothing
     hit = cached(root)
     if hit is not None:
-        return summarize_folders([d for _, d in find_rank_dirs(hit)]), _nothing
+        return [summarize_rank(d) for _, d in find_rank_dirs(hit)], _nothing
     target: Path | None = cache_path(root)
     try:
         assert target is not None

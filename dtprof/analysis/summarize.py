@@ -9,11 +9,10 @@ format, sliced and concatenated without copies, and read by the checks through n
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
-from typing import TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -22,7 +21,6 @@ import pyarrow.compute as pc
 from dtprof.analysis.columns import concat, is_null, rows, steps_between, values
 from dtprof.analysis.gpu import GPU_PHASE, Kernels, kernel_figures
 from dtprof.analysis.matching import GroupMatrix, match
-from dtprof.beside import run_beside
 from dtprof.errors import DtprofError
 from dtprof.trace.meta import ClockParams, InflightOp, RankMeta
 from dtprof.trace.reader import (
@@ -37,8 +35,6 @@ from dtprof.trace.reader import (
 from dtprof.trace.schema import TABLES
 
 COMPUTE_PHASES = ("forward", "backward", "optimizer", GPU_PHASE)
-T = TypeVar("T")
-R = TypeVar("R")
 NO_TABLE = pa.table({})  # a rank without GPU figures
 
 
@@ -112,50 +108,6 @@ COLLECTIVE_COLUMNS = tuple(
 # the samples the checks read (memory growth): their metric, and of them these columns
 MEMORY_METRICS = ("metric", ["rss_bytes", "cuda_allocated_bytes", "cuda_reserved_bytes"])
 MEMORY_COLUMNS = ("step", "metric", "value")
-BESIDE_FROM_BYTES = 1 << 20  # of the ranks' table files: below that, one process is quicker
-
-
-def summarize_folders(
-    folders: Sequence[Path], each: Callable[[], None] = lambda: None
-) -> list[RankSummary]:
-    """summarize_rank on each rank folder, in order, calling ``each()`` here after each: in this
-    process and in worker processes beside it, unless the folders hold little (per_folder)."""
-    return per_folder(summarize_rank, list(folders), list(folders), each)
-
-
-def per_folder(
-    fn: Callable[[T], R],
-    items: list[T],
-    folders: list[Path],
-    each: Callable[[], None] = lambda: None,
-) -> list[R]:
-    """``fn`` on each item (the work of rank folder ``folders[i]``), in order, calling
-    ``each()`` here after each: in this process and in worker processes beside it
-    (dtprof.beside), or here alone when the folders hold little.
-
-    Summarizing holds the GIL, so threads would take turns: on a 2-CPU machine they were
-    slower than one thread (8 ranks x 500 steps: 1.1 s in threads, 0.8 s beside)."""
-    results: dict[int, R] = {}
-
-    def done(i: int, result: R) -> None:
-        results[i] = result
-        each()
-
-    if len(items) < 2 or sum(map(_table_bytes, folders)) < BESIDE_FROM_BYTES:
-        for i, item in enumerate(items):
-            done(i, fn(item))
-    else:
-        run_beside(fn, items, done, name=lambda i: str(folders[i]))
-    return [results[i] for i in range(len(items))]
-
-
-def _table_bytes(folder: Path) -> int:
-    """The bytes of a rank folder's table files (a live job may seal or remove some meanwhile)."""
-    total = 0
-    for f in Path(folder).glob("*/*"):
-        with contextlib.suppress(OSError):
-            total += f.stat().st_size
-    return total
 
 
 def summarize_frames(meta: RankMeta, folder: Tables, inflight_ops: list[InflightOp]) -> RankSummary:

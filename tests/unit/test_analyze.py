@@ -267,14 +267,13 @@ def test_exposure_a_straggler_causes_on_the_others_is_no_poor_overlap(tmp_path: 
                 row = (step, "0", 3 * step + bucket, "all_reduce", 64, "float32", None)
                 rows["collectives"].append((*row, own, last + 8 * MS, True, f"ddp.bucket{bucket}"))
         write_rank(tmp_path, rank_meta(rank, 3), rows)
-    from dtprof.analysis import _summarize
     from dtprof.analysis.arrivals import last_arrival_shares
     from dtprof.analysis.checks import poor_overlap
     from dtprof.analysis.columns import values
-    from dtprof.analysis.summarize import combine
+    from dtprof.analysis.summarize import combine, summarize_rank
     from dtprof.trace.reader import find_rank_dirs
 
-    run = combine(_summarize([d for _, d in find_rank_dirs(tmp_path)], False))
+    run = combine([summarize_rank(d) for _, d in find_rank_dirs(tmp_path)])
     skip = 2
     phases = run.phases.filter(values(run.phases, "step") >= skip)
     per = poor_overlap.comm_overlap(run, skip, phases)
@@ -469,10 +468,12 @@ def test_slow_loading_shows_progress_on_stderr(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     import dtprof.analysis
+    import dtprof.parallel
 
     analyze(SAMPLES / "healthy-ddp", progress=True)
     assert capsys.readouterr().err == ""  # quick: nothing
     monkeypatch.setattr(dtprof.analysis, "PROGRESS_AFTER_S", -1.0)
+    monkeypatch.setattr(dtprof.parallel, "PROGRESS_AFTER_S", -1.0)
     analyze(SAMPLES / "healthy-ddp", progress=True)
     err = capsys.readouterr().err.splitlines()
     assert err[0] == "dtprof: read 4/4 ranks"
@@ -487,10 +488,9 @@ def test_a_window_inside_the_warm_up_gives_no_pipeline_finding() -> None:
 
 
 def test_vectorized_overlap_equals_the_per_rank_sweep(tmp_path: Path) -> None:
-    from dtprof.analysis import _summarize
     from dtprof.analysis.checks import poor_overlap
     from dtprof.analysis.columns import values
-    from dtprof.analysis.summarize import combine
+    from dtprof.analysis.summarize import combine, summarize_rank
     from dtprof.trace.reader import find_rank_dirs
 
     # ranks 0-3 all-reduce on the world group, ranks 2 and 3 also on a pair group: ranks 0 and
@@ -517,7 +517,7 @@ def test_vectorized_overlap_equals_the_per_rank_sweep(tmp_path: Path) -> None:
                      enter - 2 * MS, True, None)
                 )  # fmt: skip
         write_rank(tmp_path, rank_meta(rank, 4), rows)
-    run = combine(_summarize([d for _, d in find_rank_dirs(tmp_path)], False))
+    run = combine([summarize_rank(d) for _, d in find_rank_dirs(tmp_path)])
     compute = run.phases.filter(values(run.phases, "step") >= 2)
     fast = poor_overlap.comm_overlap(run, 2, compute)
     sweep = poor_overlap.overlap_per_rank(poor_overlap.transfer_intervals(run, 2), compute)

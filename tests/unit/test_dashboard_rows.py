@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 import pyarrow as pa
@@ -16,7 +15,6 @@ from dashboard.held import NVML_PREFIX
 from dashboard.pages import timeline
 from dashboard.rows import RowCache
 from dashboard.source import LiveSource
-from dtprof.analysis import summarize
 from dtprof.analysis.summarize import summarize_rank
 from dtprof.record.writer import TraceWriter, write_json_atomic
 from dtprof.trace.follow import read_window
@@ -125,28 +123,21 @@ def test_live_source_holds_summaries_and_reads_spans_on_demand(tmp_path: Path) -
     assert samples.empty or samples["metric"].astype(str).str.startswith(NVML_PREFIX).all()
 
 
-def test_the_first_full_read_summarizes_ranks_beside_when_they_hold_much(
+def test_the_first_full_read_gives_the_same_run_here_and_in_worker_processes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from dashboard import source as source_module
+
     trace = tmp_path / "trace"
     shutil.copytree(SAMPLE, trace)  # 4 ranks, 340 KB
-    calls: list[int] = []
-    real = summarize.run_beside
-
-    def recording(fn: Any, items: list[Any], done: Any, **kw: Any) -> None:
-        calls.append(len(items))
-        real(fn, items, done, **kw)
-
-    monkeypatch.setattr(summarize, "run_beside", recording)
     runs = []
-    for beside_from in (summarize.BESIDE_FROM_BYTES, 0):  # as it is, then for any size
-        monkeypatch.setattr(summarize, "BESIDE_FROM_BYTES", beside_from)
+    for processes_from in (source_module.PROCESSES_FROM, 1):  # as it is, then for any size
+        monkeypatch.setattr(source_module, "PROCESSES_FROM", processes_from)
         source = LiveSource(trace)
         source.refresh()
         source.refresh()
         assert source.loaded
         runs.append(source.snapshot().data.run)
-    assert calls == [4]  # the small trace was read here; beside only once asked to
     for name in ("steps", "phases", "collectives", "memory", "last_span"):
         assert getattr(runs[0], name).equals(getattr(runs[1], name)), name
 

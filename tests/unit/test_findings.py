@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 
 import dtprof
-from dtprof.analysis import _summarize, analyze
+from dtprof.analysis import analyze
 from dtprof.analysis.checks.memory_growth import growth_onset
 from dtprof.analysis.checks.straggler import _chance_held
 from dtprof.analysis.columns import rows, values, warmup_steps
 from dtprof.analysis.pipeline import idle_gaps, idle_share_by_rank
 from dtprof.analysis.render import markdown, text
-from dtprof.analysis.summarize import combine
+from dtprof.analysis.summarize import combine, summarize_rank
 from dtprof.trace.reader import find_rank_dirs
 from tests.tracebuild import rank_meta, write_rank
 
@@ -149,7 +149,7 @@ def test_a_spike_that_spreads_is_blamed_on_the_rank_where_it_began(tmp_path: Pat
 def test_pipeline_idle_is_measured_once_for_the_finding_and_the_dashboard(tmp_path: Path) -> None:
     _pipeline(tmp_path, {0: 6.0, 1: 6.0, 2: 8.4, 3: 6.0})
     bubble = next(f for f in analyze(tmp_path).findings if f.code == "pipeline-bubble")
-    run = combine(_summarize([d for _, d in find_rank_dirs(tmp_path)], False))
+    run = combine([summarize_rank(d) for _, d in find_rank_dirs(tmp_path)])
     skip = warmup_steps(values(run.steps, "step"))
     ranks, share = idle_share_by_rank(
         rows(run.actions, values(run.actions, "step") >= skip),

@@ -1,18 +1,19 @@
-"""How a trace's ranks are summarized: beside this process for a few (summarize_folders), in a
-process pool for many (analysis.map_ranks)."""
+"""dtprof.parallel.map_items: in this process, or in a process pool, results in order; a worker
+that dies is one error; a trace read either way gives the same report."""
 
 from __future__ import annotations
 
 import os
 import re
 import signal
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from dtprof.analysis import PROCESSES_FROM, analyze, map_ranks
+import dtprof.analysis
+from dtprof.analysis import analyze
 from dtprof.errors import DtprofError
+from dtprof.parallel import PROCESSES_FROM, map_items
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
 
@@ -34,14 +35,14 @@ def two_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.usefixtures("two_cpus")
-def test_the_ranks_an_item_holds_choose_processes_not_the_items() -> None:
-    """Batches of 16 ranks: four of them are 64 ranks, read in worker processes (in threads
-    they would take turns on the GIL); one of them is 16, read here."""
+def test_items_run_here_or_in_worker_processes_in_order() -> None:
     many = [[f"rank={b * 16 + r:05d}" for r in range(16)] for b in range(4)]
-    got = map_ranks(_pid, many, count=len)
-    assert [item for _, item in got] == many  # in order
-    assert all(pid != os.getpid() for pid, _ in got)
-    assert {pid for pid, _ in map_ranks(_pid, many[:1], count=len)} == {os.getpid()}
+    pooled = map_items(_pid, many, processes=True, count=len)
+    assert [item for _, item in pooled] == many  # in order
+    assert all(pid != os.getpid() for pid, _ in pooled)
+    here = map_items(_pid, many, processes=False, count=len)
+    assert [item for _, item in here] == many and {pid for pid, _ in here} == {os.getpid()}
+    assert {pid for pid, _ in map_items(_pid, many[:1], processes=True)} == {os.getpid()}
     assert 16 < PROCESSES_FROM <= 64
 
 
@@ -49,7 +50,7 @@ def test_the_ranks_an_item_holds_choose_processes_not_the_items() -> None:
 def test_a_worker_that_dies_is_one_error_naming_where_it_was() -> None:
     items = [(f"rank={r:05d}", os.getpid()) for r in range(PROCESSES_FROM)]
     with pytest.raises(DtprofError) as caught:
-        map_ranks(_die_on_rank_5, items, name=lambda item: item[0])
+        map_items(_die_on_rank_5, items, processes=True, name=lambda item: item[0])
     message = str(caught.value)
     found = re.fullmatch(
         r"(rank=\d{5}): a worker process died while reading this rank or one after it "
@@ -61,13 +62,13 @@ def test_a_worker_that_dies_is_one_error_naming_where_it_was() -> None:
 
 
 @pytest.mark.usefixtures("two_cpus")
-def test_a_few_ranks_holding_enough_are_summarized_beside_with_the_same_report(
-    summarize_beside: Callable[[], list[int]],
+def test_ranks_summarized_in_worker_processes_give_the_same_report(
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     trace = SAMPLES / "straggler-ddp"
-    here = analyze(trace).to_json()  # a small trace: summarized in this process
-    beside = summarize_beside()
-    there = analyze(trace).to_json()
-    assert beside == [4]
-    assert there["summary"] == here["summary"] and there["findings"] == here["findings"]
-    assert any(f["code"] == "straggler" for f in there["findings"])
+    here = analyze(trace).to_json()  # 4 ranks: summarized in this process
+    monkeypatch.setattr(dtprof.analysis, "RANKS_PER_TASK", 1)
+    monkeypatch.setattr(dtprof.analysis, "PROCESSES_FROM", 1)
+    pooled = analyze(trace).to_json()
+    assert pooled["summary"] == here["summary"] and pooled["findings"] == here["findings"]
+    assert any(f["code"] == "straggler" for f in pooled["findings"])
