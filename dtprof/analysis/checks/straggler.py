@@ -10,10 +10,10 @@ shortest ones, since the others are already waiting when it arrives.
   backward + optimizer, no waiting) is >= 1.10x the median of the ranks, or >= 1.03x when it
   caused the most waiting in so many of those steps that ranks of equal speed would come to it
   by chance less than once in a thousand runs: a small excess, held that consistently, is no
-  jitter (warning; >= 1.20x: error). It must still be that slow over the
-  last quarter of the steps (else it was a passing window), and its extra compute must account
-  for at least a quarter of the waiting it caused (else it was late from its data phase:
-  data-stall's). Where it became slow: see _onset.
+  jitter (warning; >= 1.20x: error). It must still be that slow over the last quarter of the
+  steps (else it was a passing window), and its extra compute must account for at least a
+  quarter of the waiting it caused (else it was late from its data phase: data-stall's).
+  Where it became slow: see _onset.
 - Transient: otherwise, a window of >= 5 consecutive steps in each of which the same rank caused
   the most waiting with compute >= 1.10x that step's median, >= 1.20x over the window
   (a warning per window; the worst three are reported).
