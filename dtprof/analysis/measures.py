@@ -1,0 +1,204 @@
+"""Measures per rank x step and per collective, unreduced, for the dashboard to draw.
+
+The checks reduce these to findings; the dashboard shows them as they are (per step, per
+collective), from the same primitives: ``RunSummary.matched`` pairs each collective across
+ranks (a seq x member matrix per group), a transfer starts when the last member entered, the
+waiting before it is charged to the last. The sweeps go through the members a block of ranks
+at a time, so that no copy of a whole matrix is made. pandas frames, for plotting; imported by
+the dashboard only (``dtprof analyze`` does not import pandas).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from dtprof.analysis.columns import codes, is_null, rows, values
+from dtprof.analysis.summarize import RunSummary
+
+RANK_BLOCK = 64  # members swept at a time
+MAX_SAMPLE = 2_000_000  # collective records kept for the median transfer time and bandwidth
+
+
+def rank_steps(run: RunSummary) -> pd.DataFrame:
+    """rank, step, step_ns, compute_ns, comm_ns, overlap_ns, wait_ns per rank-step (wait_ns NaN
+    where no complete collective ran)."""
+    per = pd.DataFrame({c: values(run.steps, c) for c in ("rank", "step", "step_ns", "compute_ns")})
+    members = np.unique(np.concatenate([g.ranks for g in run.matched] or [np.zeros(0, int)]))
+    # a phase that never ended bounds no interval
+    phases = rows(run.phases, ~is_null(run.phases, "end_ns"))
+    phase_rank = values(phases, "rank")
+    comm, waits = [], []
+    for lo in range(0, len(members), RANK_BLOCK):
+        block = members[lo : lo + RANK_BLOCK]
+        spans, wait = _transfers(run, int(block[0]), int(block[-1]))
+        mine = rows(phases, (phase_rank >= block[0]) & (phase_rank <= block[-1]))
+        comm.append(exposed(spans, pd.DataFrame({c: values(mine, c) for c in EXPOSED_COLUMNS})))
+        waits.append(wait)
+    if comm:
+        sweep = pd.concat(comm, ignore_index=True)
+        wait = pd.concat(waits, ignore_index=True).groupby(["rank", "step"], as_index=False).sum()
+        per = per.merge(sweep, on=["rank", "step"], how="left").merge(
+            wait, on=["rank", "step"], how="left"
+        )
+    else:
+        per = per.assign(comm_ns=np.nan, overlap_ns=np.nan, wait_ns=np.nan)
+    per[["comm_ns", "overlap_ns"]] = per[["comm_ns", "overlap_ns"]].fillna(0)
+    return per
+
+
+EXPOSED_COLUMNS = ("rank", "step", "start_ns", "end_ns")  # of the phases, for exposed()
+
+
+def _transfers(run: RunSummary, first: int, last: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """For members first..last: each complete collective's transfer (rank, step, start_ns,
+    end_ns, from the last member's entry) and the waiting per rank and step (wait_ns)."""
+    spans, waits = [], []
+    for g in run.matched:
+        keep = np.flatnonzero(g.complete)
+        lo, hi = np.searchsorted(g.ranks, [first, last + 1])
+        if not len(keep) or lo == hi:
+            continue
+        latest = g.start.max(axis=1)[keep]
+        start = g.start[keep, lo:hi]
+        end = np.maximum(latest[:, None], g.end[keep, lo:hi])
+        n, m = end.shape
+        step = g.step[keep]
+        ranks = g.ranks[lo:hi]
+        spans.append(
+            pd.DataFrame(
+                {
+                    "rank": np.tile(ranks, n),
+                    "step": np.repeat(step, m),
+                    "start_ns": np.repeat(latest, m),
+                    "end_ns": end.ravel(),
+                }
+            )
+        )
+        order = np.argsort(step, kind="stable")
+        steps, bounds = np.unique(step[order], return_index=True)
+        per_step = np.add.reduceat((latest[:, None] - start)[order], bounds, axis=0)
+        waits.append(
+            pd.DataFrame(
+                {
+                    "rank": np.tile(ranks, len(steps)),
+                    "step": np.repeat(steps, m),
+                    "wait_ns": per_step.ravel(),
+                }
+            )
+        )
+    if not spans:
+        cols = ("rank", "step", "start_ns", "end_ns")
+        empty = pd.DataFrame({c: pd.Series(dtype="int64") for c in cols})
+        return empty, pd.DataFrame({c: pd.Series(dtype="int64") for c in ("rank", "step")})
+    return pd.concat(spans, ignore_index=True), pd.concat(waits, ignore_index=True)
+
+
+def exposed(comm: pd.DataFrame, compute: pd.DataFrame) -> pd.DataFrame:
+    """rank, step, comm_ns, overlap_ns: union of transfers per rank and step, and its part
+    inside compute phases; one sorted sweep over every interval edge."""
+    key_c = comm["rank"].to_numpy(np.int64) * (1 << 32) + comm["step"].to_numpy(np.int64)
+    key_p = compute["rank"].to_numpy(np.int64) * (1 << 32) + compute["step"].to_numpy(np.int64)
+    key = np.concatenate([key_c, key_c, key_p, key_p])
+    t = np.concatenate(
+        [comm["start_ns"], comm["end_ns"], compute["start_ns"], compute["end_ns"]]
+    ).astype(np.int64)
+    nc, np_ = len(comm), len(compute)
+    dcomm = np.concatenate([np.ones(nc), -np.ones(nc), np.zeros(2 * np_)]).astype(np.int32)
+    dcomp = np.concatenate([np.zeros(2 * nc), np.ones(np_), -np.ones(np_)]).astype(np.int32)
+    order = np.lexsort((t, key))
+    key, t, dcomm, dcomp = key[order], t[order], dcomm[order], dcomp[order]
+    if not len(key):
+        return pd.DataFrame(columns=["rank", "step", "comm_ns", "overlap_ns"], dtype="int64")
+    starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+    comm_on = _running(dcomm, starts) > 0
+    comp_on = _running(dcomp, starts) > 0
+    dt = np.r_[np.diff(t), 0]
+    dt[np.r_[starts[1:] - 1, len(t) - 1]] = 0  # no span from one key's last edge to the next key
+    ukey = key[starts]
+    return pd.DataFrame(
+        {
+            "rank": ukey >> 32,
+            "step": ukey & ((1 << 32) - 1),
+            "comm_ns": np.add.reduceat(np.where(comm_on, dt, 0), starts),
+            "overlap_ns": np.add.reduceat(np.where(comm_on & comp_on, dt, 0), starts),
+        }
+    )
+
+
+def _running(delta: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """Cumulative sum of delta restarting at each group start."""
+    total = np.cumsum(delta)
+    before = np.r_[0, total[starts[1:] - 1]]
+    return total - np.repeat(before, np.diff(np.r_[starts, len(delta)]))
+
+
+def arrival_skew(run: RunSummary) -> pd.DataFrame:
+    """group, seq, step, op, skew_ns (last entry - first), last_rank, start_ns per complete
+    collective."""
+    parts = []
+    for g in run.matched:
+        keep = g.complete
+        if not keep.any():
+            continue
+        latest, earliest = g.start.max(axis=1)[keep], g.start.min(axis=1)[keep]
+        parts.append(
+            pd.DataFrame(
+                {
+                    "group": g.group,
+                    "seq": g.seq[keep],
+                    "step": g.step[keep],
+                    "op": g.op[keep],
+                    "skew_ns": latest - earliest,
+                    "last_rank": g.ranks[g.start.argmax(axis=1)[keep]],
+                    "start_ns": earliest,
+                }
+            )
+        )
+    cols = ["group", "seq", "step", "op", "skew_ns", "last_rank", "start_ns"]
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=cols)
+
+
+def op_records(run: RunSummary) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Per op and step: calls and bytes (every record); and an even sample of at most
+    MAX_SAMPLE records (op, step, transfer_ns, gbps) for the medians. A collective's transfer
+    starts when its last member entered (no waiting counted); a point-to-point one's when it
+    was called."""
+    coll = run.collectives
+    if not coll.num_rows:
+        empty = pd.DataFrame({"op": [], "step": [], "calls": [], "bytes": []})
+        return empty, pd.DataFrame({"op": [], "step": [], "transfer_ns": [], "gbps": []})
+    op, names = codes(coll, "op")
+    step = values(coll, "step", np.int64)
+    nbytes = values(coll, "bytes", np.int64)
+    # calls and bytes per (op, step), exact, without a frame of every record
+    key = op.astype(np.int64) * (step.max() + 1) + step
+    ukey, inverse = np.unique(key, return_inverse=True)
+    per = pd.DataFrame(
+        {
+            "op": names[ukey // (step.max() + 1)],
+            "step": ukey % (step.max() + 1),
+            "calls": np.bincount(inverse),
+            "bytes": np.bincount(inverse, weights=nbytes),
+        }
+    )
+    pick = np.arange(0, coll.num_rows, max(1, -(-coll.num_rows // MAX_SAMPLE)))
+    begin = values(coll, "start_ns", np.int64)[pick].copy()
+    group = values(coll, "group")[pick]
+    seq = values(coll, "seq", np.int64)[pick]
+    groupwise = is_null(coll, "peer")[pick]
+    for g in run.matched:  # a collective's transfer starts when its last member entered
+        mine = np.flatnonzero(groupwise & (group == g.group))
+        row = np.searchsorted(g.seq, seq[mine]).clip(0, len(g.seq) - 1)
+        found = g.seq[row] == seq[mine]
+        begin[mine[found]] = g.start.max(axis=1)[row[found]]
+    transfer = np.maximum(values(coll, "end_ns", np.int64)[pick] - begin, 1)
+    sample = pd.DataFrame(
+        {
+            "op": names[op[pick]],
+            "step": step[pick],
+            "transfer_ns": transfer,
+            "gbps": nbytes[pick] / transfer,  # bytes per ns = GB/s
+        }
+    )
+    return per, sample
