@@ -1,10 +1,9 @@
 """One way to run work over ranks or files: in this process, in a local process pool, or on
 a Dask cluster. ``map_items`` is what every caller uses.
 
-Which pays was measured (docs/scale.md): on two CPUs, summarizing 16 ranks of 4000 steps in
-this process took 2.24 s, in two worker processes 2.59 s (each rank's tables pickled back);
-64 ranks of 1000 steps, batched 16 ranks to a task and combined in the workers, 2.46 s
-against 2.90 s here. So a few ranks are read here, many by a pool of batches. On Dask, workers
+Which pays was measured (docs/scale.md): a pool that sends each rank's tables back pickles more
+than it saves, one that combines a batch of ranks in each worker pays from a few dozen ranks.
+So a few ranks are read here, many by a pool of batches. On Dask, workers
 open the trace by path, so the trace must sit on storage they all see (a shared file system or
 the same machine); only each task's small result travels back. Dask is optional:
 ``pip install 'dtprof[dask]'``.

@@ -127,7 +127,7 @@ def group_median(inverse: np.ndarray, n: int, data: np.ndarray) -> np.ndarray:
     data = np.asarray(data, np.float64)
     known = ~np.isnan(data)
     group, data = inverse[known], data[known]
-    # by group, then value: one sort of integers keyed on both (a lexsort took 4 times as long)
+    # by group, then value: one sort of integers keyed on both (quicker than a lexsort)
     by_value = np.argsort(data)
     place = np.empty(len(data), np.int64)
     place[by_value] = np.arange(len(data))
@@ -146,8 +146,8 @@ def group_median(inverse: np.ndarray, n: int, data: np.ndarray) -> np.ndarray:
 def concat(tables: Sequence[pa.Table]) -> pa.Table:
     """Tables of one kind in one, each column in one chunk (text columns of dictionaries
     merged), so that the checks' numpy views of it copy nothing. In memory from the system's
-    allocator: Arrow's own (mimalloc) took 2.5 times as long over the 10 million collectives
-    of 256 ranks x 1000 steps, faulting in fresh huge pages."""
+    allocator: Arrow's own (mimalloc) faulted in fresh huge pages and was slower at scale
+    (docs/scale.md)."""
     tables = [t for t in tables if t.num_columns]
     if not tables:
         return pa.table({})

@@ -19,8 +19,8 @@ OWN = False  # set by dtprof.cli.run(): the command has this process to itself
 def pandas_held_back() -> Iterator[None]:
     """A command that makes no DataFrame, run with pandas held back from import. pyarrow
     imports pandas, where it is installed, on its first conversion of a Python value (to tell
-    pandas objects apart): 0.16-0.3 s of a 0.4-0.9 s ``analyze`` (docs/kineto.md), for
-    commands that hand it none. Held back, pyarrow carries on without it; afterwards pandas
+    pandas objects apart): a large share of a short ``analyze`` (docs/kineto.md), for commands
+    that hand it none. Held back, pyarrow carries on without it; afterwards pandas
     imports as usual, and pyarrow's ``to_pandas`` finds it."""
     if not OWN or "pandas" in sys.modules:
         yield

@@ -96,7 +96,7 @@ class TraceWriter:
         self.batches_written = 0
         for name in TABLES:
             (folder / name).mkdir(parents=True, exist_ok=True)
-        # pyarrow imports pandas on its first conversion (~0.2 s holding the GIL): pay that
+        # pyarrow imports pandas on its first conversion, holding the GIL a while: pay that
         # now, before training, rather than on the writer thread in the middle of a step
         _to_batch(TABLES["steps"], [(0, 0, 0)])
 

@@ -165,11 +165,10 @@ def _convert_job(
 
 
 def _write_tables(folder: Path, tables: dict[str, pa.Table]) -> None:
-    """A rank's tables as sealed segments, lz4-compressed: quicker than zstd both ways (a
-    V100 rank: written in 4.2 instead of 5.9 ms, read in 3.8 instead of 4.5), a third larger.
-    Only tables with rows get a folder (readers take a missing one as empty): where many files
-    were deleted in the last minute (a cache cleared and written again), ext4 passes over
-    their inodes to place each new one, 0.2 ms or more a file or folder."""
+    """A rank's tables as sealed segments, lz4-compressed: quicker than zstd both ways, a
+    third larger (docs/kineto.md). Only tables with rows get a folder (readers take a missing
+    one as empty): where many files were deleted in the last minute (a cache cleared and
+    written again), ext4 passes over their inodes to place each new one."""
     folder.mkdir(parents=True, exist_ok=True)
     for name in TABLES:
         if tables[name].num_rows:
