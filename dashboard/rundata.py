@@ -1,8 +1,8 @@
 """RunData: what the pages draw from, made by the analysis' own per-rank summaries.
 
 The dashboard keeps each rank's summary (``summarize_frames``, the analyzer's reduction of one
-rank's tables; grown poll by poll, dashboard.held) and its samples, not its rows: the spans a
-page shows are read from disk on demand (dashboard.rows). The summaries are Arrow tables; a
+rank's tables; grown poll by poll, dashboard.growing_rank) and its samples, not its rows: the
+spans a page shows are read from disk on demand (dashboard.rows). The summaries are Arrow tables; a
 page that computes with pandas takes a table as a DataFrame through ``RunData.frame``, made
 once per snapshot.
 """

@@ -17,7 +17,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from dashboard.held import Held, extend, fresh, moved_clock, rebase
+from dashboard.growing_rank import GrowingRank, extend, fresh, moved_clock, rebase
 from dashboard.measures import precompute
 from dashboard.rows import RowCache, Rows
 from dashboard.rundata import RunData, empty, samples_frame, steps_only
@@ -79,7 +79,7 @@ def empty_snapshot(mode: str, status: str) -> Snapshot:
 class LiveSource:
     """A trace that may still grow: polled every ``poll_s`` seconds by a daemon thread.
 
-    It keeps each rank's summary and samples (dashboard.held), not its rows: the first full
+    It keeps each rank's summary and samples (dashboard.growing_rank), not its rows: the first full
     read summarizes every rank as ``dtprof analyze`` does (beside this process, in a process
     pool from 32 ranks; here alone when the folders hold little), later polls summarize each
     rank's new rows alone and append them.
@@ -92,7 +92,7 @@ class LiveSource:
         self.poll_s = poll_s
         self.meta: dict[int, RankMeta] = {}
         self.inflight: dict[int, list[InflightOp]] = {}
-        self.held: dict[int, Held] = {}
+        self.growing: dict[int, GrowingRank] = {}
         self.cache = RowCache()  # spans windows read for the Timeline, across snapshots
         self.loaded = False  # every table read at least once
         self._snapshot = empty_snapshot(self.mode, "reading the trace...")
@@ -121,9 +121,9 @@ class LiveSource:
                 self._merge_meta(self.follower.poll(()))  # meta and inflight, no rows
                 self._load(sorted(self.meta))
                 self.loaded = True
-            run = combine([h.summary for _, h in sorted(self.held.items())])
+            run = combine([h.summary for _, h in sorted(self.growing.items())])
             run = replace(run, without_trace=ranks_without_trace(run))
-            self.held = rebase(self.held, run)  # each rank's rows once: views of the run's
+            self.growing = rebase(self.growing, run)  # each rank's rows once: views of the run's
             release_memory()
             data = RunData(run=run, samples=self._samples(), rows=self._rows())
             findings, failed = run_checks(run)
@@ -156,25 +156,25 @@ class LiveSource:
         # named by the rank's folder; a few here, many in processes, as dtprof analyze reads them
         processes = len(jobs) >= PROCESSES_FROM
         read = map_items(fresh, jobs, processes=processes, name=lambda job: job[1])
-        for (rank, *_), (held, cursors, nbytes) in zip(jobs, read, strict=True):
+        for (rank, *_), (growing, cursors, nbytes) in zip(jobs, read, strict=True):
             self.follower.adopt(rank, cursors, nbytes)
-            old = self.held.get(rank)
-            self.held[rank] = replace(held, version=old.version + 1) if old else held
+            old = self.growing.get(rank)
+            self.growing[rank] = replace(growing, version=old.version + 1) if old else growing
 
     def _extend(self, delta: Delta) -> None:
         before = self._merge_meta(delta)
         again = [
             r
             for r in self.meta
-            if r not in self.held
+            if r not in self.growing
             or (r in before and moved_clock(before[r], self.meta[r]))
-            or (self.held[r].kernels and r in delta.tables)
+            or (self.growing[r].kernels and r in delta.tables)
         ]
         moved = (set(delta.tables) | set(delta.inflight) | set(delta.meta)) - set(again)
 
-        def one(rank: int) -> Held:
+        def one(rank: int) -> GrowingRank:
             return extend(
-                self.held[rank],
+                self.growing[rank],
                 self.meta[rank],
                 delta.tables.get(rank, {}),
                 delta.inflight.get(rank),
@@ -182,18 +182,18 @@ class LiveSource:
 
         todo = sorted(moved)
         with ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 2) * 2)) as pool:
-            self.held.update(zip(todo, pool.map(one, todo), strict=True))
+            self.growing.update(zip(todo, pool.map(one, todo), strict=True))
         if again:
             self._load(sorted(again))
 
     def _samples(self) -> Any:
-        return samples_frame({r: h.samples for r, h in self.held.items()}, self.meta)
+        return samples_frame({r: h.samples for r, h in self.growing.items()}, self.meta)
 
     def _rows(self) -> Rows:
         return Rows(
-            folders={r: s.folder for r, s in self.follower.ranks.items() if r in self.held},
+            folders={r: s.folder for r, s in self.follower.ranks.items() if r in self.growing},
             meta=dict(self.meta),
-            versions={r: h.version for r, h in self.held.items()},
+            versions={r: h.version for r, h in self.growing.items()},
             cache=self.cache,
         )
 

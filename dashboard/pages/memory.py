@@ -10,7 +10,7 @@ from dash import Dash, Input, Output, dcc, html
 
 from dashboard import figures
 from dashboard.components import graph, note, window_controls
-from dashboard.held import NVML_PREFIX
+from dashboard.growing_rank import NVML_PREFIX
 from dashboard.links import parse_ranks, parse_steps
 from dashboard.rundata import RunData
 from dashboard.shape import band, only_ranks

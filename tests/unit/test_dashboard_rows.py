@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from dashboard.held import NVML_PREFIX
+from dashboard.growing_rank import NVML_PREFIX
 from dashboard.pages import timeline
 from dashboard.rows import RowCache
 from dashboard.source import LiveSource
@@ -190,10 +190,10 @@ def test_a_summary_grown_poll_by_poll_equals_one_made_at_once(tmp_path: Path) ->
             )
             w.flush()
         source.refresh()
-    for rank, held in source.held.items():
+    for rank, growing in source.growing.items():
         once = summarize_rank(tmp_path / rank_dir_name(rank))
         for name in ("steps", "phases", "collectives"):
-            a, b = _decoded(getattr(held.summary, name)), _decoded(getattr(once, name))
+            a, b = _decoded(getattr(growing.summary, name)), _decoded(getattr(once, name))
             assert a.equals(b), (rank, name, a.to_pydict(), b.to_pydict())
     steps = source.snapshot().data.steps
     assert steps["data_ns"].eq(10).all() and steps["compute_ns"].eq(60).all()

@@ -40,8 +40,8 @@ PHASE_TIME = pa.schema(
 
 
 @dataclass(frozen=True)
-class Held:
-    """One rank as the dashboard keeps it."""
+class GrowingRank:
+    """One rank as the dashboard keeps it: its summary, grown poll by poll."""
 
     summary: RankSummary
     pending: pa.Table  # step, compute_ns, data_ns: phase time of steps with no row yet
@@ -53,7 +53,7 @@ class Held:
         return self.summary.gpu.num_rows > 0
 
 
-def fresh(job: tuple[int, str, RankMeta, list[InflightOp]]) -> tuple[Held, Any, int]:
+def fresh(job: tuple[int, str, RankMeta, list[InflightOp]]) -> tuple[GrowingRank, Any, int]:
     """(rank, folder, meta, inflight rows) -> the rank summarized from the start of its
     folder, the follower cursors after what was read, the bytes read. Runs in a worker."""
     rank, folder, meta, inflight = job
@@ -63,10 +63,10 @@ def fresh(job: tuple[int, str, RankMeta, list[InflightOp]]) -> tuple[Held, Any, 
 
 def build(
     rank: int, meta: RankMeta, tables: dict[str, pa.Table], inflight: list[InflightOp]
-) -> Held:
-    """A rank's Held from all of its rows."""
+) -> GrowingRank:
+    """A rank's GrowingRank from all of its rows."""
     summary = summarize_frames(meta, tables, inflight)
-    return Held(
+    return GrowingRank(
         summary=summary,
         pending=_phase_time(rank, meta, tables, after=_last_step(summary.steps)),
         samples=_nvml(tables),
@@ -74,15 +74,16 @@ def build(
 
 
 def extend(
-    held: Held,
+    growing: GrowingRank,
     meta: RankMeta,
     tables: dict[str, pa.Table],
     inflight: list[InflightOp] | None,
-) -> Held:
-    """``held`` with one poll's new rows of its rank (inflight: the new list, None: unchanged)."""
-    rank = held.summary.rank
+) -> GrowingRank:
+    """``growing`` with one poll's new rows of its rank (inflight: the new list; None:
+    unchanged)."""
+    rank = growing.summary.rank
     part = summarize_frames(meta, tables, inflight or [])
-    sums = _per_step(pa.concat_tables([held.pending, _phase_time(rank, meta, tables, after=-1)]))
+    sums = _per_step(pa.concat_tables([growing.pending, _phase_time(rank, meta, tables, after=-1)]))
     steps = part.steps
     keys, step = values(sums, "step"), values(steps, "step")
     at = np.searchsorted(keys, step)
@@ -92,20 +93,20 @@ def extend(
         ns = np.full(steps.num_rows, np.nan)
         ns[found] = values(sums, name)[at[found]]
         steps = steps.set_column(steps.schema.get_field_index(name), name, pa.array(ns))
-    last = max(_last_step(held.summary.steps), _last_step(steps))
+    last = max(_last_step(growing.summary.steps), _last_step(steps))
     # the tables' types are fixed (an empty one has the columns and types of a full one), so
     # old and new concatenate as they are
-    both = combine([held.summary, replace(part, steps=steps)])
+    both = combine([growing.summary, replace(part, steps=steps)])
     summary = replace(
         as_rank(both, rank, meta),
-        last_span=part.last_span if part.last_span.num_rows else held.summary.last_span,
-        inflight=part.inflight if inflight is not None else held.summary.inflight,
-        gpu=held.summary.gpu,
+        last_span=part.last_span if part.last_span.num_rows else growing.summary.last_span,
+        inflight=part.inflight if inflight is not None else growing.summary.inflight,
+        gpu=growing.summary.gpu,
     )
     pending = rows(sums, values(sums, "step") > last)
     nvml = _nvml(tables)
-    samples = pa.concat_tables([held.samples, nvml]) if nvml.num_rows else held.samples
-    return Held(summary, pending, samples, held.version + 1)
+    samples = pa.concat_tables([growing.samples, nvml]) if nvml.num_rows else growing.samples
+    return GrowingRank(summary, pending, samples, growing.version + 1)
 
 
 def as_rank(run: RunSummary, rank: int, meta: RankMeta) -> RankSummary:
@@ -114,19 +115,19 @@ def as_rank(run: RunSummary, rank: int, meta: RankMeta) -> RankSummary:
     return RankSummary(rank=rank, meta=meta, **{n: getattr(run, n) for n in names})
 
 
-def rebase(held: dict[int, Held], run: RunSummary) -> dict[int, Held]:
+def rebase(growing: dict[int, GrowingRank], run: RunSummary) -> dict[int, GrowingRank]:
     """Each rank's growing tables as slices of the combined run's (which is in rank order):
-    views, so that a rank's rows are held once, not twice."""
-    out = dict(held)
+    views, so that a rank's rows are growing once, not twice."""
+    out = dict(growing)
     starts = dict.fromkeys(ROW_FRAMES, 0)
-    for rank in sorted(held):
-        summary = held[rank].summary
+    for rank in sorted(growing):
+        summary = growing[rank].summary
         cut = {}
         for name in ROW_FRAMES:
             n = getattr(summary, name).num_rows
             cut[name] = getattr(run, name).slice(starts[name], n)
             starts[name] += n
-        out[rank] = replace(held[rank], summary=replace(summary, **cut))
+        out[rank] = replace(growing[rank], summary=replace(summary, **cut))
     return out
 
 
