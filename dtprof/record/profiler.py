@@ -163,7 +163,7 @@ class Profiler:
         self.step_start_ns = 0
         self.active = False  # hooks record (off again after exit or a writer failure)
         self._entered = False  # __enter__ succeeded: __exit__ has work to do
-        self._off: set[str] = set()  # hooks switched off after they raised
+        self._switched_off: set[str] = set()  # hooks switched off after they raised
         self._region_depth = 0
         self._removers: dict[str, list[Any]] = {}
         self._warned: set[str] = set()
@@ -311,7 +311,7 @@ class Profiler:
             return
         step = self.step_index
         self.steps.append((step, self.step_start_ns, t))
-        if "step" not in self._off:
+        if "step" not in self._switched_off:
             t = self._step_extras(step, t)
         # the next step starts after dtprof's own per-step work, so that its time is charged
         # to neither step (a fingerprint shows as its own span)
@@ -343,7 +343,7 @@ class Profiler:
 
     def log(self, **values: Any) -> None:
         """Record named scalars for this step: floats or 0-d tensors (read without a sync)."""
-        if not self.active or "log" in self._off:
+        if not self.active or "log" in self._switched_off:
             return
         step = self.step_index
         try:
@@ -371,7 +371,7 @@ class Profiler:
 
     def _tick(self) -> None:
         """Writer-thread work before each flush: scalars, samplers, watchdog, in-flight file."""
-        if "writer-tick" in self._off:
+        if "writer-tick" in self._switched_off:
             return
         try:
             self.comms.sync_native()
@@ -401,7 +401,7 @@ class Profiler:
     def hook_failed(self, name: str, exc: BaseException) -> None:
         """A hook raised: switch it off, warn once, note it in the trace; training goes on."""
         try:
-            self._off.add(name)
+            self._switched_off.add(name)
             self._remove(name)
             with self._meta_lock:
                 if name not in self.meta.disabled_hooks:
