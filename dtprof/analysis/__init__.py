@@ -79,14 +79,18 @@ def _analyze(
         if ranks is not None:
             rank_dirs = [(r, d) for r, d in rank_dirs if r in set(ranks)]
         folders = [d for _, d in rank_dirs]
-        # many ranks: in batches, each summarized and combined by one worker, so that fewer,
-        # larger parts travel back
+        # elsewhere (a pool, Dask) in tasks of RANKS_PER_TASK ranks, each summarized and
+        # combined by one worker, so that fewer, larger parts travel back; here in one task,
+        # so that the ranks are combined once
+        processes = len(folders) >= PROCESSES_FROM
+        elsewhere = processes or scheduler or workers
         paths = [str(f.resolve()) if scheduler or workers else f for f in folders]
-        batches = [paths[i : i + RANKS_PER_TASK] for i in range(0, len(paths), RANKS_PER_TASK)]
+        per_task = RANKS_PER_TASK if elsewhere else max(len(paths), 1)
+        batches = [paths[i : i + per_task] for i in range(0, len(paths), per_task)]
         summaries = map_items(
             summarize_ranks,
             batches,
-            processes=len(folders) >= PROCESSES_FROM,
+            processes=processes,
             scheduler=scheduler,
             workers=workers,
             progress=progress,
