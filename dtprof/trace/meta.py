@@ -17,21 +17,23 @@ import msgspec
 
 Int64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
 Count = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
+Ranks = Annotated[int, msgspec.Meta(ge=1, le=2**63 - 1)]  # as written; absent reads as 0
+Nanoseconds = Int64 | Annotated[float, msgspec.Meta(gt=-(2**62), lt=2**62)]
 
 
 class ClockEstimate(msgspec.Struct, frozen=True):
     """One estimate of this rank's clock against rank 0's."""
 
-    mono_ns: Int64  # this rank's monotonic time in the round the estimate comes from
-    offset_ns: Int64  # this rank's wall clock minus rank 0's (0 on rank 0)
-    error_ns: Int64 = 0  # bound on the estimate's error: half the best round trip
+    mono_ns: Nanoseconds = 0  # this rank's monotonic time in the round the estimate comes from
+    offset_ns: Nanoseconds = 0  # this rank's wall clock minus rank 0's (0 on rank 0)
+    error_ns: Nanoseconds = 0  # bound on the estimate's error: half the best round trip
 
 
 class Clock(msgspec.Struct, frozen=True):
     """What aligns a rank's monotonic times to rank 0's clock."""
 
-    mono_to_wall_ns: Int64  # wall clock minus monotonic clock, sampled once at start
-    start: ClockEstimate
+    mono_to_wall_ns: Int64 = 0  # wall clock minus monotonic clock, sampled once at start
+    start: ClockEstimate = msgspec.field(default_factory=ClockEstimate)
     method: str = "none"  # ping-pong with rank 0 over gloo, none, or failed: <error>
     end: ClockEstimate | None = None  # the same at a clean exit
     end_error: str | None = None  # why the exit estimate failed
@@ -51,14 +53,15 @@ class ClockParams(NamedTuple):
 
 
 class Config(msgspec.Struct, frozen=True):
-    """The profile() arguments that shape what was recorded."""
+    """The profile() arguments that shape what was recorded (a field an older recorder did not
+    write reads as None)."""
 
-    fingerprint_every: Count
-    hang_timeout_s: float | None
-    ddp_buckets: bool | str
-    gpu_sample_interval_s: float
-    flush_interval_s: float
-    seal_interval_s: float
+    fingerprint_every: Count | None = None
+    hang_timeout_s: float | None = None
+    ddp_buckets: bool | str | None = None
+    gpu_sample_interval_s: float | None = None
+    flush_interval_s: float | None = None
+    seal_interval_s: float | None = None
 
 
 class Pipeline(msgspec.Struct, frozen=True):
@@ -67,7 +70,7 @@ class Pipeline(msgspec.Struct, frozen=True):
     schedule: str
     stages: Count
     microbatches: Count
-    stage_indices: tuple[Count, ...]
+    stage_indices: tuple[Count, ...] = ()
     virtual_stages_per_rank: Count = 1
     actions: tuple[str | None, ...] | None = None
 
@@ -76,9 +79,9 @@ class ExceptionDetail(msgspec.Struct, frozen=True):
     """The exception training left profile() with, and the innermost frame of the user's code
     it passed through."""
 
-    type: str
-    message: str
-    step: Int64
+    type: str = ""
+    message: str = ""
+    step: Int64 | None = None
     file: str | None = None
     line: Int64 | None = None
     function: str | None = None
@@ -97,9 +100,9 @@ class Nvml(msgspec.Struct, frozen=True, omit_defaults=True):
 class Imported(msgspec.Struct, frozen=True, omit_defaults=True):
     """Where an imported rank came from (a PyTorch profiler trace or a Flight Recorder dump)."""
 
-    format: str  # kineto or flight-recorder
-    file: str
-    rank_from: str  # how the rank was told: distributedInfo, file name, file order
+    format: str = ""  # kineto or flight-recorder
+    file: str = ""
+    rank_from: str = ""  # how the rank was told: distributedInfo, file name, file order
     seq_from: str | None = None  # kineto: where collectives' seq came from
     events: Count | None = None  # kineto: events in the file
     kineto_schema_version: Any = None
@@ -113,7 +116,7 @@ class RankMeta(msgspec.Struct, frozen=True, omit_defaults=True):
 
     schema_version: int
     rank: Count
-    world_size: Count = 0  # 0: not known (an imported file that does not say)
+    world_size: Ranks = 0  # 0: not known (an imported file that does not say)
     dtprof_version: str | None = None
     local_rank: Int64 | None = None
     host: str | None = None

@@ -474,7 +474,7 @@ def _rank_row(meta: RankMeta) -> dict[str, Any]:
         "status": meta.status,
         "steps": meta.steps,
         "clock_offset_ns": int(params.offset_ns),
-        "clock_error_ns": meta.clock.start.error_ns,
+        "clock_error_ns": int(meta.clock.start.error_ns),
         "clock_drift_ppm": params.drift * 1e6,
         "pipeline_schedule": meta.pipeline.schedule if meta.pipeline else None,
         "started_at": meta.started_at,

@@ -98,6 +98,23 @@ def test_bad_input_is_one_error_naming_the_file(tmp_path: Path, make, message: s
         load_trace(path)
 
 
+def test_meta_is_read_as_leniently_as_its_writers_ever_wrote_it(tmp_path: Path) -> None:
+    """An older recorder's config without later fields, a clock without method, offsets as
+    floats, no world_size: all read. A world_size that is there must be a number of ranks."""
+    meta = rank_meta(0, 1, offset_ns=0, config={"fingerprint_every": 5})
+    del meta["clock"]["method"], meta["world_size"]
+    meta["clock"]["start"]["offset_ns"] = 1.5
+    write_rank(tmp_path, meta, {"steps": [(0, 0, 10)]})
+    read = load_trace(tmp_path).meta[0]
+    assert (read.world_size, read.clock.method, read.clock.start.offset_ns) == (0, "none", 1.5)
+    assert read.config is not None and read.config.fingerprint_every == 5
+    assert read.config.seal_interval_s is None
+    meta["world_size"] = 0
+    write_rank(tmp_path, meta, {"steps": [(0, 0, 10)]})
+    with pytest.raises(DtprofError, match=r"meta\.json: world_size: expected int >= 1"):
+        load_trace(tmp_path)
+
+
 def test_a_future_schema_version_asks_for_an_upgrade(tmp_path: Path) -> None:
     write_rank(tmp_path, rank_meta(0, 1, schema_version=SCHEMA_VERSION + 1), {})
     with pytest.raises(DtprofError, match=f"schema version {SCHEMA_VERSION + 1}.*upgrade"):
