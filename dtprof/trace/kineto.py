@@ -126,18 +126,6 @@ class KinetoFile:
     memory_reserved: np.ndarray
     events: int
     reader: str = "python"  # or "native": kineto_native.py read it
-    # worked out by the native reader, in its scanning thread; else None, and the mapping
-    # works them out: each GPU event's category (kineto_map.kernel_category) and its launch
-    # (kineto_map.gpu_launches: whether found, its ns, its thread)
-    gpu_category: np.ndarray | None = None
-    gpu_launch: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
-    # and the steps (kineto_map._steps: number, start ns, end ns, by start) and the samples
-    # table's columns (step, ns, metric as kineto_map.SAMPLE_METRICS' place, value)
-    step_spans: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
-    samples: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
-    # and the collectives table's columns (kineto_map.collectives_table reads them); the CPU
-    # events' args records are then not made (cpu.args is empty)
-    collectives: dict[str, Any] | None = None
 
     @property
     def base_ns(self) -> int:

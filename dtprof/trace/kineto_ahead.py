@@ -44,9 +44,6 @@ SOURCES = tuple(
         "kineto_scan.h",
         "kineto_json.h",
         "kineto_events.cpp",
-        "kineto_comm_args.cpp",
-        "kineto_map.cpp",
-        "kineto_collectives.cpp",
     )
 )
 OFF_VALUES = {"0", "off", "no", "false"}

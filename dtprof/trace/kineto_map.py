@@ -34,7 +34,7 @@ MEMORY_KERNEL = re.compile(r"^(Memcpy|Memset|dma)")
 OTHER_KERNEL = re.compile(r"(Memcpy|Sync)")  # neither compute nor communication, as HTA counts
 STEP = re.compile(STEP_RE, re.ASCII)  # as the readers find steps (re.ASCII: \s and \d ASCII)
 COMM_ANNOTATION = re.compile(COMM_ANNOTATION_RE)
-P2P_OPS = {"send", "recv", "isend", "irecv", "recvanysource"}
+P2P_OPS = pa.array(["send", "recv", "isend", "irecv", "recvanysource"])
 OP_NAMES = {
     "allreduce": "all_reduce",
     "allreduce_coalesced": "all_reduce_coalesced",
@@ -116,9 +116,6 @@ class Steps(NamedTuple):
 
 
 def _steps(kf: KinetoFile, names: Distinct) -> Steps:
-    if kf.step_spans is not None:  # as the native reader found them, by the same rule
-        number, start_ns, end_ns = kf.step_spans
-        return Steps(np.asarray(number), np.asarray(start_ns), np.asarray(end_ns))
     cpu = kf.cpu
     found = [STEP.search(v) if v is not None else None for v in names.values]
     number = np.array([int(m.group("number")) if m else -1 for m in found] + [-1], np.int64)
@@ -177,10 +174,7 @@ class Launches(NamedTuple):
 
 
 def gpu_launches(kf: KinetoFile) -> Launches:
-    """Each GPU event's launch, found by correlation id (one sort of the launches per file), or
-    as the native reader found it."""
-    if kf.gpu_launch is not None:
-        return Launches(*kf.gpu_launch)
+    """Each GPU event's launch, found by correlation id (one sort of the launches per file)."""
     n = len(kf.gpu_correlation)
     order = np.argsort(kf.launch_correlation, kind="stable")
     corr = kf.launch_correlation[order]
@@ -194,9 +188,7 @@ def gpu_launches(kf: KinetoFile) -> Launches:
 
 def kernels_table(kf: KinetoFile, steps: Steps, launches: Launches) -> tuple[pa.Table, np.ndarray]:
     """The kernels table, and each GPU event's category."""
-    category = kf.gpu_category
-    if category is None:  # else as the native reader found them, by the same rules
-        category = kernel_category(kf.gpu.name, kf.gpu_cat)
+    category = kernel_category(kf.gpu.name, kf.gpu_cat)
     step = pa.array(step_at(steps, launches.ts_ns), pa.int64(), mask=~launches.found)
     table = _table(
         "kernels",
@@ -237,7 +229,9 @@ def _size(args: Args) -> tuple[int, str | None]:
     return 0, None
 
 
-ARG_COLUMNS = ("group", "seq", "op", "bytes", "dtype", "peer")  # collectives' columns from args
+ARG_COLUMNS = ("group", "seq", "op", "bytes", "dtype")  # collectives' columns from args
+ARG_TYPES = (pa.string(), pa.int64(), pa.string(), pa.int64(), pa.string())
+LABELS = pa.array(["cpu", "gpu"])  # a collective's label: timed by its kernels or its call
 
 
 def collectives_table(
@@ -248,8 +242,6 @@ def collectives_table(
     cpu_names: Distinct,
 ) -> pa.Table:
     """One row per collective call (rules in the module doc), seq from "Seq" or call order."""
-    if kf.collectives is not None:  # as the native reader found them, by the same rules
-        return _found_collectives(kf.collectives)
     cpu = kf.cpu
     is_rpc = cpu_names.equal("record_param_comms")
     is_ann = cpu_names.matches(COMM_ANNOTATION)
@@ -265,52 +257,32 @@ def collectives_table(
         return TABLES["collectives"].empty
     joined = {key: np.concatenate([t[key] for t in times]) for key in times[0]}
     order = np.argsort(joined["start_ns"], kind="stable")
-    rows = order.tolist()
-    group, seq, op, nbytes, dtype, peer = ([fields[c][i] for i in rows] for c in ARG_COLUMNS)
+    rows = pa.array(order)
+    group, seq, op, nbytes, dtype = (
+        pa.array(fields[c], type_).take(rows)
+        for c, type_ in zip(ARG_COLUMNS, ARG_TYPES, strict=True)
+    )
+    p2p = np.asarray(pc.is_in(op, P2P_OPS).to_numpy(zero_copy_only=False), bool)
     # call order: the calls before each one in its group, collectives and p2p counted apart
-    codes: dict[str, int] = {}
-    pairs = zip(group, peer, strict=True)
-    key = np.array([codes.setdefault(g, len(codes)) * 2 + (p is not None) for g, p in pairs])
-    seq_from = b"trace" if None not in seq else b"call order"
-    before = _calls_before(key).tolist()
+    key = pc.dictionary_encode(group).indices.to_numpy() * 2 + p2p
+    traced = np.asarray(seq.is_valid().to_numpy(zero_copy_only=False), bool)
     table = _table(
         "collectives",
         {
             "step": step_at(steps, joined["cpu_ns"][order]),
             "group": group,
-            "seq": [b if s is None else s for s, b in zip(seq, before, strict=True)],
+            "seq": np.where(traced, seq.fill_null(0).to_numpy(), _calls_before(key)),
             "op": op,
             "bytes": nbytes,
             "dtype": dtype,
-            "peer": peer,
+            "peer": pa.array(np.full(len(p2p), -1, np.int32), mask=~p2p),
             "start_ns": joined["start_ns"][order],
             "end_ns": joined["end_ns"][order],
-            "label": np.where(joined["on_gpu"][order], "gpu", "cpu").astype(object),
+            "label": LABELS.take(pa.array(joined["on_gpu"][order].astype(np.int8))),
         },
     )
+    seq_from = b"trace" if traced.all() else b"call order"
     return table.replace_schema_metadata({SEQ_FROM: seq_from})
-
-
-def _found_collectives(found: dict[str, Any]) -> pa.Table:
-    """The collectives table from the native reader's columns."""
-    if not len(found["start_ns"]):
-        return TABLES["collectives"].empty
-    table = _table(
-        "collectives",
-        {
-            **{c: found[c] for c in ("step", "group", "seq", "op", "bytes", "dtype")},
-            "peer": pa.array(np.full(len(found["p2p"]), -1, np.int32), mask=~found["p2p"]),
-            "start_ns": found["start_ns"],
-            "end_ns": found["end_ns"],
-            "label": LABELS.take(pa.array(found["gpu"].astype(np.int8))),
-        },
-    )
-    return table.replace_schema_metadata(
-        {SEQ_FROM: b"trace" if found["seq_from_trace"] else b"call order"}
-    )
-
-
-LABELS = pa.array(["cpu", "gpu"])  # a collective's label: timed by its kernels or its call
 
 
 def _calls_before(key: np.ndarray) -> np.ndarray:
@@ -436,8 +408,8 @@ def _reduce_ranges(
 def _add_args(
     fields: dict[str, list[Any]], names: list[str], args: list[Args], size_args: list[Args]
 ) -> None:
-    """Append the collectives' columns read from their args: group, seq, op, size and peer (a
-    null key counts as a missing one)."""
+    """Append the collectives' columns read from their args: group, seq, op and size (a null
+    key counts as a missing one)."""
     ops = [_normal_op(name) for name in names]
     sized = [_size(a) for a in size_args]
     seqs = [a.seq_ if a.seq_ is not None else a.seq for a in args]
@@ -453,7 +425,6 @@ def _add_args(
     fields["op"] += ops
     fields["bytes"] += [nbytes for nbytes, _ in sized]
     fields["dtype"] += [dtype for _, dtype in sized]
-    fields["peer"] += [-1 if op in P2P_OPS else None for op in ops]
 
 
 def samples_table(kf: KinetoFile, steps: Steps) -> pa.Table:
@@ -461,10 +432,6 @@ def samples_table(kf: KinetoFile, steps: Steps) -> pa.Table:
 
     Per (step, device), in that order, allocated then reserved: the last reading that has the
     value (readings in time order, ties in file order), stamped with the group's last time."""
-    if kf.samples is not None:  # as the native reader found them, by the same rules
-        step, ts_ns, metric, value = kf.samples
-        names = np.array(SAMPLE_METRICS, object)[metric]
-        return _table("samples", {"step": step, "ts_ns": ts_ns, "metric": names, "value": value})
     if not len(kf.memory_ts_ns):
         return TABLES["samples"].empty
     order = np.argsort(kf.memory_ts_ns, kind="stable")
@@ -487,14 +454,6 @@ def samples_table(kf: KinetoFile, steps: Steps) -> pa.Table:
         parts.append((key[last] // 2, group_ts[at], metric, values[last]))
     step, ts_ns, metric, value = (np.concatenate(column) for column in zip(*parts, strict=True))
     return _table("samples", {"step": step, "ts_ns": ts_ns, "metric": metric, "value": value})
-
-
-SAMPLE_METRICS = (  # the native reader's codes for them
-    "cpu_allocated_bytes",
-    "cuda_allocated_bytes",
-    "cpu_reserved_bytes",
-    "cuda_reserved_bytes",
-)
 
 
 def _run_ends(values: np.ndarray) -> np.ndarray:

@@ -1,12 +1,10 @@
 """The native reader of PyTorch profiler traces (``kineto_*.cpp``): built once, then loaded.
 
 It reads a trace file straight into the columns of :class:`~dtprof.trace.kineto.KinetoFile`,
-with no Python object per event and without holding the GIL, about ten times as fast as the
-Python reader, and in the same call works out what the mapping (:mod:`dtprof.trace.kineto_map`)
-derives from them: the GPU events' categories and launches, the steps, the memory samples and
-the collectives. It takes only what it reads with certainty and gives anything else back: the
-Python reader then reads that file, or says what is wrong with it; what it cannot map the way
-the mapping does, it leaves to the mapping.
+with no Python object per event and without holding the GIL, about six times as fast as the
+Python reader; :mod:`dtprof.trace.kineto_map` maps them as it maps the Python reader's. It
+takes only what it reads with certainty and gives anything else back: the Python reader then
+reads that file, or says what is wrong with it.
 
 It needs no torch, only a C++17 compiler (``$CXX``, else ``c++``, ``g++`` or ``clang++``), and
 inflates gzipped traces itself where zlib is there to link (else Python inflates them). The
@@ -43,7 +41,6 @@ _DTYPES = {
     "dur": np.float64,
     "allocated": np.float64,
     "reserved": np.float64,
-    "value": np.float64,
 }
 
 _ARGS = msgspec.json.Decoder(list[Args])
@@ -241,34 +238,18 @@ def read(path: Path) -> KinetoFile | str:
     if isinstance(scanned, str):
         return scanned
     cols, events, header, comm_args = scanned
-    mapped = "gpu_category" in cols  # the scan converted the GPU and launch stamps too
-    if mapped:
-        gpu_ts, gpu_end, launch_ts = cols["gpu_ts_ns"], cols["gpu_end_ns"], cols["launch_ts_ns"]
-    else:
-        gpu_ts = ns_from_us(cols["gpu_ts"])  # in the Python reader's order: it names the first
-        gpu_end = ends_ns(gpu_ts, cols["gpu_dur"])  # stamp out of range
-        launch_ts = ns_from_us(cols["launch_ts"])
-    steps = "step_number" in cols  # the CPU stamps too, and the steps
-    if steps:
-        cpu_ts, cpu_end = cols["cpu_ts_ns"], cols["cpu_end_ns"]
-    else:
-        cpu_ts = ns_from_us(cols["cpu_ts"])
-        cpu_end = ends_ns(cpu_ts, cols["cpu_dur"])
-    samples = "sample_step" in cols
+    gpu_ts = ns_from_us(cols["gpu_ts"])  # in the Python reader's order: it names the first
+    gpu_end = ends_ns(gpu_ts, cols["gpu_dur"])  # stamp out of range
+    launch_ts = ns_from_us(cols["launch_ts"])
+    cpu_ts = ns_from_us(cols["cpu_ts"])
+    cpu_end = ends_ns(cpu_ts, cols["cpu_dur"])
     gpu_tid, stream = cols["gpu_tid"], cols["gpu_stream"]
     launch_correlation = cols["launch_correlation"]
     keep = launch_correlation >= 0  # a launch without one matches no GPU event
     return KinetoFile(
         path=path,
         header=header,
-        gpu=Cols(
-            strings(cols, "gpu_name"),
-            gpu_ts,
-            gpu_end,
-            cols["gpu_pid"],
-            gpu_tid,
-            args=[],
-        ),
+        gpu=Cols(strings(cols, "gpu_name"), gpu_ts, gpu_end, cols["gpu_pid"], gpu_tid, args=[]),
         gpu_cat=strings(cols, "gpu_cat"),
         gpu_stream=np.where(stream < 0, gpu_tid, stream),
         gpu_correlation=cols["gpu_correlation"],
@@ -291,40 +272,7 @@ def read(path: Path) -> KinetoFile | str:
         memory_reserved=cols["memory_reserved"],
         events=events,
         reader="native",
-        gpu_category=cols["gpu_category"].astype(np.int8) if mapped else None,
-        gpu_launch=(
-            (
-                cols["gpu_launch_found"].astype(bool),
-                cols["gpu_launch_ts_ns"],
-                cols["gpu_launch_tid"],
-            )
-            if mapped
-            else None
-        ),
-        step_spans=(
-            (cols["step_number"], cols["step_start_ns"], cols["step_end_ns"]) if steps else None
-        ),
-        samples=(
-            (cols["sample_step"], cols["sample_ts_ns"], cols["sample_metric"], cols["sample_value"])
-            if samples
-            else None
-        ),
-        collectives=_collectives(cols) if "coll_step" in cols else None,
     )
-
-
-def _collectives(cols: dict[str, np.ndarray]) -> dict[str, Any]:
-    """The collectives table's columns as the scan worked them out (kineto_map reads them)."""
-    out: dict[str, Any] = {
-        name: cols[f"coll_{name}"] for name in ("step", "seq", "bytes", "start_ns", "end_ns")
-    }
-    out.update(
-        p2p=cols["coll_p2p"].astype(bool),
-        gpu=cols["coll_gpu"].astype(bool),
-        seq_from_trace=bool(cols["coll_seq_from_trace"][0]),
-        **{name: strings(cols, f"coll_{name}") for name in ("group", "op", "dtype")},
-    )
-    return out
 
 
 def _args(cols: dict[str, np.ndarray]) -> list[Args | None]:
@@ -354,9 +302,6 @@ def _scanned(scan: tuple[dict[str, np.ndarray], int] | str) -> tuple[Any, ...] |
         for key, raw in zip(HEADER_KEYS, _texts(cols, "header"), strict=True)
         if raw is not None
     }
-    if "coll_step" in cols:  # the collectives are mapped: their args are not needed
-        _string_parts(cols, "cpu_args")
-        return cols, events, header, []
     return cols, events, header, _args(cols)
 
 

@@ -5,15 +5,13 @@
 // defaults. It takes only files it reads with certainty: anything unusual (a value of an
 // unexpected type, a lone surrogate, invalid UTF-8, invalid JSON, a second traceEvents) makes
 // it give the file back ("fallback"), and the Python reader then reads it or says what is wrong.
-// After the scan, the same call works out what dtprof/trace/kineto_map.py derives from those
-// columns (Mapped: the GPU events' categories and launches, the steps, the samples and the
-// collectives), by the same rules, and leaves to it whatever it cannot follow exactly.
+// What the columns mean for dtprof's tables is worked out in Python (kineto_map.py), for the
+// columns of either reader.
 // Plain C ABI for ctypes: the scan runs without Python, so ctypes lets other threads run.
 //
 // This file: that C ABI, and the files it reads (mapped, or inflated). The rest, one file each:
 // kineto_scan.h (the data they share), kineto_json.h (the JSON text), kineto_events.cpp (the
-// events), kineto_map.cpp and kineto_collectives.cpp (the mapping), kineto_comm_args.cpp (a
-// collective's args).
+// events).
 
 #include <fcntl.h>
 #ifdef __GLIBC__
@@ -79,7 +77,7 @@ void group(std::vector<Column>& out, const std::vector<std::string>& names, cons
   strings(out, names[7].c_str(), names[8].c_str(), names[9].c_str(), g.cat);
 }
 
-std::vector<Column> columns(const Columns& c, const Mapped& m) {
+std::vector<Column> columns(const Columns& c) {
   // made once and kept: the names' addresses are handed out with the columns
   static const std::vector<std::string> kGpu = group_names("gpu"), kCpu = group_names("cpu");
   std::vector<Column> out{
@@ -98,37 +96,6 @@ std::vector<Column> columns(const Columns& c, const Mapped& m) {
   group(out, kCpu, c.cpu);
   strings(out, "cpu_args.offsets", "cpu_args.data", "cpu_args.valid", c.cpu_args);
   strings(out, "header.offsets", "header.data", "header.valid", c.header);
-  if (m.done) {
-    for (Column mapped : {col("gpu_ts_ns", m.gpu_ts_ns), col("gpu_end_ns", m.gpu_end_ns),
-                          col("launch_ts_ns", m.launch_ts_ns), col("gpu_category", m.gpu_category),
-                          col("gpu_launch_found", m.launch_found),
-                          col("gpu_launch_ts_ns", m.launch_at_ns),
-                          col("gpu_launch_tid", m.launch_at_tid)})
-      out.push_back(mapped);
-  }
-  if (m.steps_done) {
-    for (Column mapped : {col("cpu_ts_ns", m.cpu_ts_ns), col("cpu_end_ns", m.cpu_end_ns),
-                          col("step_number", m.step_number), col("step_start_ns", m.step_start_ns),
-                          col("step_end_ns", m.step_end_ns)})
-      out.push_back(mapped);
-  }
-  if (m.samples_done) {
-    for (Column mapped : {col("sample_step", m.sample_step), col("sample_ts_ns", m.sample_ts_ns),
-                          col("sample_metric", m.sample_metric),
-                          col("sample_value", m.sample_value)})
-      out.push_back(mapped);
-  }
-  if (m.collectives_done) {
-    for (Column mapped : {col("coll_step", m.coll_step), col("coll_seq", m.coll_seq),
-                          col("coll_bytes", m.coll_bytes), col("coll_p2p", m.coll_p2p),
-                          col("coll_start_ns", m.coll_start_ns), col("coll_end_ns", m.coll_end_ns),
-                          col("coll_gpu", m.coll_gpu),
-                          col("coll_seq_from_trace", m.coll_seq_from_trace)})
-      out.push_back(mapped);
-    strings(out, "coll_group.offsets", "coll_group.data", "coll_group.valid", m.coll_group);
-    strings(out, "coll_op.offsets", "coll_op.data", "coll_op.valid", m.coll_op);
-    strings(out, "coll_dtype.offsets", "coll_dtype.data", "coll_dtype.valid", m.coll_dtype);
-  }
   return out;
 }
 
@@ -237,19 +204,6 @@ void* dtprof_kineto_scan(const char* text, int64_t length, int release) {
     r->why = e.what();
     r->cols = Columns();
   }
-  if (r->status == 0) {
-    try {
-      map_gpu(r->cols, r->mapped);
-      Mapped& m = r->mapped;
-      m.steps_done = map_steps(r->cols, m);
-      m.samples_done = m.steps_done && map_samples(r->cols, m);
-      m.collectives_done = m.steps_done && map_collectives(r->cols, m);
-    } catch (const std::exception&) {  // out of memory, say: Python maps them
-      r->mapped = Mapped();
-    }
-    if (!r->mapped.done) r->mapped = Mapped();
-    if (!r->mapped.steps_done) r->mapped.samples_done = r->mapped.collectives_done = false;
-  }
   return r;
 }
 
@@ -308,7 +262,7 @@ int64_t dtprof_kineto_events(void* result) { return static_cast<Result*>(result)
 int dtprof_kineto_columns(void* result, const char** names, const void** data, int64_t* lengths,
                           int capacity) {
   auto* r = static_cast<Result*>(result);
-  auto cols = columns(r->cols, r->mapped);
+  auto cols = columns(r->cols);
   int n = static_cast<int>(cols.size());
   for (int i = 0; i < n && i < capacity; ++i) {
     names[i] = cols[i].name;

@@ -20,14 +20,7 @@ import pytest
 from dtprof.errors import DtprofError
 from dtprof.trace import kineto_native
 from dtprof.trace.kineto import Cols, KinetoFile, read_kineto
-from dtprof.trace.kineto_map import (
-    Distinct,
-    _steps,
-    collectives_table,
-    gpu_launches,
-    kernel_category,
-    samples_table,
-)
+from dtprof.trace.kineto_map import gpu_launches, kernel_category, rank_tables
 from tests import kinetobuild as kb
 from tests.conftest import native_reader_or_skip
 
@@ -42,52 +35,11 @@ def reader() -> None:
 
 
 def assert_same(native: KinetoFile, python: KinetoFile) -> None:
-    """Every field equal, arrays of the same type (NaN equal to NaN); what the native reader
-    maps itself equal to what the mapping works out from the Python reader's columns."""
+    """Every field equal, arrays of the same type (NaN equal to NaN): the mapping, one for
+    both readers, then makes the same tables of them."""
     assert native.reader == "native" and python.reader == "python"
-    assert python.gpu_category is None and python.gpu_launch is None
-    assert python.step_spans is None and python.samples is None
-    assert native.gpu_category is not None and native.gpu_launch is not None
-    mapped = {
-        "gpu_category": kernel_category(python.gpu.name, python.gpu_cat),
-        "gpu_launch": tuple(gpu_launches(python)),
-    }
-    steps = {}
-    for kf in (native, python):
-        steps[kf.reader] = _steps(kf, Distinct.of(kf.cpu.name))
-    for got, want in zip(steps["native"], steps["python"], strict=True):
-        assert got.dtype == want.dtype and np.array_equal(got, want), steps
-    samples = {kf.reader: samples_table(kf, steps[kf.reader]) for kf in (native, python)}
-    assert samples["native"].equals(samples["python"]), samples
-    colls = {
-        kf.reader: collectives_table(
-            kf,
-            steps[kf.reader],
-            mapped["gpu_category"],
-            gpu_launches(python),
-            Distinct.of(kf.cpu.name),
-        )
-        for kf in (native, python)
-    }
-    assert colls["native"].equals(colls["python"]), colls
-    assert colls["native"].schema.metadata == colls["python"].schema.metadata
     for field in dataclasses.fields(KinetoFile):
-        if field.name in ("step_spans", "samples", "collectives"):
-            continue  # compared through what the mapping makes of them
-        if field.name == "cpu" and native.collectives is not None:  # no args records then
-            assert native.cpu.args == []
-            for f in dataclasses.fields(Cols):
-                if f.name != "args":
-                    _same(getattr(native.cpu, f.name), getattr(python.cpu, f.name), f"cpu.{f.name}")
-            continue
-        if field.name in mapped:
-            want = mapped[field.name]
-            got = getattr(native, field.name)
-            for k, (a, b) in enumerate(
-                zip(got, want, strict=True) if isinstance(got, tuple) else [(got, want)]
-            ):
-                _same(a, b, f"{field.name}[{k}]")
-        elif field.name != "reader":
+        if field.name != "reader":
             _same(getattr(native, field.name), getattr(python, field.name), field.name)
 
 
@@ -158,7 +110,7 @@ def test_reads_what_the_python_reader_reads(
     assert len(native.gpu) and len(native.cpu) and len(native.memory_ts_ns)
 
 
-def test_kernel_categories_and_launches_as_the_mapping_finds_them(tmp_path: Path) -> None:
+def test_kernel_categories_and_launches(tmp_path: Path) -> None:
     from dtprof.trace.kineto_map import COMMUNICATION, COMPUTE, MEMORY, OTHER
 
     kernels = [  # (category, name, expected): every rule, and which one wins
@@ -196,9 +148,9 @@ def test_kernel_categories_and_launches_as_the_mapping_finds_them(tmp_path: Path
     native, python = both(kb.write(tmp_path, "k.json", {"traceEvents": events}))
     assert isinstance(native, KinetoFile) and isinstance(python, KinetoFile), (native, python)
     assert_same(native, python)
-    assert native.gpu_category is not None and native.gpu_launch is not None
-    assert native.gpu_category[: len(kernels)].tolist() == [want for *_, want in kernels]
-    found, ts_ns, tid = native.gpu_launch
+    category = kernel_category(native.gpu.name, native.gpu_cat)
+    assert category[: len(kernels)].tolist() == [want for *_, want in kernels]
+    found, ts_ns, tid = gpu_launches(native)
     # correlations 50, 47, 44, 41, ...: launched at 1, 2 (and again at 3) and 4 µs
     assert found.tolist()[:4] == [True, True, True, False] and not found[len(kernels) :].any()
     assert ts_ns[:4].tolist() == [1000, 2000, 4000, 0] and tid[1] == 2  # file order on a tie
@@ -228,7 +180,7 @@ def _collectives_doc(calls: list[tuple[dict[str, Any] | None, str | None]]) -> d
 NAMED = {"Collective name": "allgather"}  # kept whatever it launched
 
 
-def test_collectives_as_the_mapping_finds_them(tmp_path: Path) -> None:
+def test_collectives_of_both_readers(tmp_path: Path) -> None:
     from dtprof.trace.kineto_map import DTYPE_BYTES, OP_NAMES, P2P_OPS
 
     calls: list[tuple[dict[str, Any] | None, str | None]] = [
@@ -246,36 +198,34 @@ def test_collectives_as_the_mapping_finds_them(tmp_path: Path) -> None:
         ({"Seq": 2.0, "seq": 97, "dtype": 7, "In msg nelems": 3}, "nccl:reduce_scatter"),
         ({"seq": 98}, "nccl:\x1f broadcast\x1c"),  # what str.strip() strips
     ]
-    calls += [({"Collective name": op}, None) for op in [*OP_NAMES, *P2P_OPS]]
+    calls += [({"Collective name": op}, None) for op in [*OP_NAMES, *P2P_OPS.to_pylist()]]
     calls += [({"In msg nelems": 2, "dtype": dtype.upper()}, "nccl:x") for dtype in DTYPE_BYTES]
     native, python = both(kb.write(tmp_path, "c.json", _collectives_doc(calls)))
     assert isinstance(native, KinetoFile) and isinstance(python, KinetoFile), (native, python)
-    assert native.collectives is not None  # worked out by the native reader
     assert_same(native, python)
-    found = native.collectives
+    found = rank_tables(native)["collectives"].to_pydict()
     # the thread of annotations alone comes first (they start earliest), then the calls
-    assert found["op"][:4].to_pylist() == ["all_reduce", "broadcast", "send", "all_reduce"]
-    assert found["bytes"][3] == 40 and found["dtype"][3].as_py() == "float"
-    sizes = list(zip(found["bytes"].tolist(), found["dtype"].to_pylist(), strict=True))
+    assert found["op"][:4] == ["all_reduce", "broadcast", "send", "all_reduce"]
+    assert found["bytes"][3] == 40 and found["dtype"][3] == "float"
+    sizes = list(zip(found["bytes"], found["dtype"], strict=True))
     assert sizes[6:11] == [(24, "c10::half"), (0, "float"), (0, None), (0, None), (80, "double")]
 
     odd = [
-        ({"Seq": True}, "nccl:x"),  # a bool: Python counts it an int
-        ({"Process Group Name": 0}, "nccl:x"),  # str() of a number
-        ({"Collective name": "allréduce"}, None),  # lowered by Unicode's rules
+        ({"Seq": True}, "nccl:x"),  # a bool
+        ({"Process Group Name": 0}, "nccl:x"),  # a number
+        ({"Collective name": "allréduce"}, None),  # not ASCII
         ({"In msg nelems": 1 << 62, "dtype": "double"}, None),  # bytes past int64
     ]
     for k, call in enumerate(odd):
         native, python = both(kb.write(tmp_path, f"odd{k}.json", _collectives_doc([call])))
         assert isinstance(native, KinetoFile) and isinstance(python, KinetoFile)
-        assert native.collectives is None, call  # left to the mapping in Python
-        assert native.cpu.args and native.cpu.args == python.cpu.args
+        assert_same(native, python)
+        assert native.cpu.args, call
 
 
-def test_steps_and_memory_samples_as_the_mapping_finds_them(tmp_path: Path) -> None:
+def test_steps_and_memory_readings_of_both_readers(tmp_path: Path) -> None:
     """Random readings (ties, missing values, CPU and CUDA, before the first step) and steps
-    (on two threads, sometimes numbered against their order): both readers' steps and samples
-    tables alike (assert_same), the native reader's worked out in its scan."""
+    (on two threads, sometimes numbered against their order): both readers read them alike."""
     rng = np.random.default_rng(11)
     for k in range(60):
         events: list[dict[str, Any]] = []
@@ -298,7 +248,6 @@ def test_steps_and_memory_samples_as_the_mapping_finds_them(tmp_path: Path) -> N
         native, python = both(kb.write(tmp_path, f"m{k}.json", {"traceEvents": events}))
         assert isinstance(native, KinetoFile) and isinstance(python, KinetoFile)
         assert_same(native, python)
-        assert native.samples is not None and native.step_spans is not None
 
 
 @pytest.mark.parametrize(
