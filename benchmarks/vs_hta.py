@@ -22,8 +22,7 @@
    run, the peaks from the second.
    Where the native reader is built, a third dtprof row times a floor for the cold run: a
    process that does only what a cold ``analyze`` cannot skip, importing the analyzer's
-   libraries while a thread scans the files with the native reader (which works out the GPU
-   events', steps', samples' and collectives' columns in the same call), then scanning beside
+   libraries while a thread scans the files with the native reader, then scanning beside
    that thread until every file is read, both CPUs busy from the start (on two), and none of
    the rest of the mapping, the caching, summarizing, checks or report. No cold run of this
    design can be quicker.
@@ -73,20 +72,17 @@ FLOOR_SCRIPT = """
 import os, sys, threading
 from pathlib import Path
 from dtprof.commands import own_process
-from dtprof.trace import kineto_ahead
-files = kineto_ahead.kineto_files(Path(sys.argv[1]))
-lib = kineto_ahead.open_library(kineto_ahead.library_path())
+from dtprof.trace.kineto import _scan
+from dtprof.trace.kineto.files import kineto_files
+files = kineto_files(Path(sys.argv[1]))
 lock = threading.Lock()
 def scan():
     while True:
         with lock:
             if not files:
                 return
-            name = os.fsencode(files.pop())
-        result = lib.dtprof_kineto_scan_file(name)  # without the GIL
-        status = lib.dtprof_kineto_status(result)
-        lib.dtprof_kineto_free(result)
-        if status:
+            name = str(files.pop())
+        if _scan.scan_file(name).status:  # without the GIL
             os._exit(3)  # given back to the Python reader: no floor to time
 thread = threading.Thread(target=scan)
 thread.start()
@@ -214,10 +210,9 @@ def main() -> None:
     parser.add_argument("--keep", help="build the folder here and keep it")
     args = parser.parse_args()
     hta_python = ensure_hta()
-    from dtprof.cache import native_root
-    from dtprof.trace import kineto_native
+    from dtprof.trace.kineto.scan_ahead import native_reader
 
-    library, why_not = kineto_native.load()  # built here (once) if it is not: not in a timed run
+    library, why_not = native_reader()  # built at install, or not
     # both tools as pip installs them, bytecode compiled: pip compiled HTA's when it installed
     # it; setup compiles dtprof's, and this catches sources changed since
     compileall.compile_dir(ROOT / "dtprof", quiet=2)
@@ -229,7 +224,6 @@ def main() -> None:
         env = dict(
             os.environ,
             DTPROF_CACHE_DIR=str(cache),  # emptied before each cold run
-            DTPROF_NATIVE_DIR=str(native_root()),  # where the reader was built, kept
             PYTHONWARNINGS="ignore",
         )
         dtprof_cmd = [sys.executable, "-m", "dtprof", "analyze", str(folder), "--format", "json"]

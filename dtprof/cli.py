@@ -54,16 +54,16 @@ def _positive(value: str) -> int:
 
 def _cmd_convert(args: argparse.Namespace) -> int:
     """Convert a folder of PyTorch profiler traces (*.json[.gz]) into a dtprof trace."""
-    from dtprof.trace import kineto_ahead
+    from dtprof.trace.kineto import scan_ahead
 
-    kineto_ahead.start(args.source, even_if_cached=True)  # read while the imports run
+    scan_ahead.start(args.source, even_if_cached=True)  # read while the imports run
     try:
         with pandas_held_back():
             from dtprof.trace.importer import convert
 
             ranks = convert(args.source, args.output, progress=True)
     finally:
-        kineto_ahead.stop()
+        scan_ahead.stop()
     print(f"{args.output}: {ranks} rank(s) written")
     return 0
 

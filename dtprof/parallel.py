@@ -11,6 +11,7 @@ the same machine); only each task's small result travels back. Dask is optional:
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import socket
@@ -70,6 +71,9 @@ def _in_pool(
     workers = min(os.cpu_count() or 1, len(items))
     chunk = max(1, min(4, len(items) // (2 * workers)))  # never so few chunks a worker idles
     out: list[T] = []
+    # what the forked workers inherit is never collected there: a dead process group left in
+    # a cycle (a finished job in a notebook), say, whose destructor waits for threads they lack
+    gc.freeze()
     try:
         with ProcessPoolExecutor(workers) as pool:
             for item, result in zip(items, pool.map(fn, items, chunksize=chunk), strict=True):
@@ -82,11 +86,14 @@ def _in_pool(
             f"{name(items[len(out)])}: a worker process died while reading this rank or one "
             "after it (killed, perhaps for lack of memory)"
         ) from None
+    finally:
+        gc.unfreeze()
     return out
 
 
 class _Progress:
-    """``dtprof: read N/M ranks`` on stderr once the work is slow: every 64, and the last."""
+    """``dtprof: read N/M ranks`` on stderr once the work is slow: every sixteenth of them (at
+    most every 64), and the last."""
 
     def __init__(self, total: int, on: bool, what: str) -> None:
         self.total, self.on, self.what = total, on, what
@@ -95,7 +102,8 @@ class _Progress:
     def add(self, ranks: int = 1) -> None:
         self.done += ranks
         late = time.monotonic() - self.started > PROGRESS_AFTER_S
-        if self.on and late and (self.done - self.shown >= 64 or self.done == self.total):
+        every = max(1, min(64, self.total // 16))  # a line for each of a few heavy items
+        if self.on and late and (self.done - self.shown >= every or self.done == self.total):
             print(f"dtprof: read {self.done}/{self.total} {self.what}", file=sys.stderr, flush=True)
             self.shown = self.done
 

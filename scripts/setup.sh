@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Create .venv with dtprof installed in it. Torch is installed only if the environment has none:
 # TORCH_SPEC (default torch==2.13.0) picks the build; users with their own torch keep it.
-# DTPROF_EXTRAS=test adds the test tools. pip's output goes to .venv/setup.log. Then the native
-# kernel is built (scripts/native.sh). The sources are compiled to bytecode, as pip would.
+# DTPROF_EXTRAS=test adds the test tools. pip's output goes to .venv/setup.log. A C++ compiler is
+# made sure of first (scripts/native.sh), so that the install builds the native profiler-trace
+# reader; after it, the DDP bucket kernel is built. The sources are compiled to bytecode, as pip
+# would.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -24,6 +26,7 @@ if ! python -c "import torch" 2>/dev/null; then
   echo "setup: installing ${TORCH_SPEC:-torch==2.13.0}"
   pip_install "${TORCH_SPEC:-torch==2.13.0}"
 fi
+bash scripts/native.sh --compiler
 extras=native${DTPROF_EXTRAS:+,$DTPROF_EXTRAS}
 echo "setup: installing dtprof[$extras] (editable)"
 pip_install -e ".[$extras]"

@@ -54,11 +54,11 @@ def native_kernel_or_skip() -> None:
 
 
 def native_reader_or_skip() -> None:
-    """Skip where the native profiler-trace reader cannot be built here (no C++ compiler).
+    """Skip where the native profiler-trace reader was not built at install (no C++ compiler).
     In CI it must be there: its absence fails the test."""
-    from dtprof.trace import kineto_native
+    from dtprof.trace.kineto.scan_ahead import native_reader
 
-    loaded, why_not = kineto_native.load()
+    loaded, why_not = native_reader()
     if loaded is None:
         if os.environ.get("CI"):
             pytest.fail(f"the native profiler-trace reader is needed in CI: {why_not}")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 import time
@@ -49,17 +48,8 @@ def analyze(
     """
     root = Path(path)
     started = time.monotonic()
-    # None: a dtprof trace. Profiler traces' conversion may still be being written beside the
-    # analysis: finish_cache() puts it in place at the end.
-    imported, finish_cache = summarize_imported(root, progress, scheduler, workers)
-    try:
-        report = _analyze(root, imported, started, steps, ranks, progress, scheduler, workers)
-    except BaseException:
-        with contextlib.suppress(Exception):  # the analysis' error is the one to show
-            finish_cache()
-        raise
-    finish_cache()
-    return report
+    imported = summarize_imported(root, progress, scheduler, workers)  # None: a dtprof trace
+    return _analyze(root, imported, started, steps, ranks, progress, scheduler, workers)
 
 
 def _analyze(

@@ -14,8 +14,9 @@ from dtprof.analysis.summarize import (
     summarize_rank,
 )
 from dtprof.parallel import map_items
-from dtprof.trace.importer import import_kineto, resolve, start_import, trace_kind
-from dtprof.trace.kineto_ahead import cache_path, cached
+from dtprof.trace.importer import resolve, trace_kind
+from dtprof.trace.kineto.cache import cache_path, cached
+from dtprof.trace.kineto.convert import import_kineto
 from dtprof.trace.meta import RankMeta
 from dtprof.trace.reader import find_rank_dirs
 
@@ -30,9 +31,9 @@ def summarize_imported(
     progress: bool = False,
     scheduler: str | None = None,
     workers: int | None = None,
-) -> tuple[list[RankSummary] | None, Callable[[], None]]:
-    """Every rank's summary of a Kineto path, or None when ``root`` is a dtprof trace; and what
-    completes the cache, to call once after (see importer.start_import).
+) -> list[RankSummary] | None:
+    """Every rank's summary of a Kineto path (or Flight Recorder dumps), or None when ``root`` is
+    a dtprof trace.
 
     A cached conversion is read like any dtprof trace; otherwise the files are converted into
     the cache and summarized by the workers that parsed them. On Dask (a ``scheduler`` address
@@ -41,9 +42,9 @@ def summarize_imported(
     """
     kind = trace_kind(root)
     if kind == "flight":  # converted once into the cache, then read like any dtprof trace
-        return [summarize_rank(d) for _, d in find_rank_dirs(resolve(root))], _nothing
+        return [summarize_rank(d) for _, d in find_rank_dirs(resolve(root))]
     if kind != "kineto":
-        return None, _nothing
+        return None
     if scheduler or workers:
 
         def on_dask(fn: Callable[[Any], Any], items: list[Any]) -> list[Any]:
@@ -57,19 +58,15 @@ def summarize_imported(
             )
 
         results = import_kineto(root, None, per_rank=summarize_tables, mapper=on_dask)
-        return [summary for _, summary in results], _nothing
+        return [summary for _, summary in results]
     hit = cached(root)
     if hit is not None:
-        return [summarize_rank(d) for _, d in find_rank_dirs(hit)], _nothing
+        return [summarize_rank(d) for _, d in find_rank_dirs(hit)]
     target: Path | None = cache_path(root)
     try:
         assert target is not None
         target.parent.mkdir(parents=True, exist_ok=True)
     except OSError:
         target = None  # no cache: analyse anyway
-    results, finish = start_import(root, target, progress=progress, per_rank=summarize_tables)
-    return [summary for _, summary in results], finish
-
-
-def _nothing() -> None:
-    """Nothing to complete: no conversion is being written."""
+    results = import_kineto(root, target, progress=progress, per_rank=summarize_tables)
+    return [summary for _, summary in results]

@@ -12,11 +12,11 @@ from dtprof.errors import DtprofError
 
 def run(args: argparse.Namespace) -> int:
     """Find stragglers and other problems in a trace; exit 1 if any is at --fail-on or above."""
-    from dtprof.trace import kineto_ahead
+    from dtprof.trace.kineto import scan_ahead
 
     on_dask = bool(args.scheduler or args.workers)
     if not on_dask:  # profiler traces: read while the imports run
-        kineto_ahead.start(args.trace)
+        scan_ahead.start(args.trace)
     try:
         # Dask's own modules may want pandas
         with contextlib.nullcontext() if on_dask else pandas_held_back():
@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
                 workers=args.workers,
             )
     finally:
-        kineto_ahead.stop()
+        scan_ahead.stop()
     if args.format == "json":
         out = json.dumps(report.to_json(), indent=1)
     else:

@@ -1,4 +1,5 @@
-"""``dtprof build-native``: dtprof's native libraries built into its cache."""
+"""``dtprof build-native``: the DDP bucket kernel built into dtprof's cache, for this torch; and
+whether the profiler-trace reader was built at install."""
 
 from __future__ import annotations
 
@@ -12,21 +13,27 @@ from dtprof.errors import DtprofError
 
 
 def run(args: argparse.Namespace) -> int:
-    """Build dtprof's native libraries into its cache: the profiler-trace reader (a C++
-    compiler needed) and, where torch is installed, the kernel that records DDP's buckets at
-    about no cost (once per torch build; ninja needed too)."""
-    from dtprof.trace import kineto_native
+    """Build, where torch is installed, the kernel that records DDP's buckets at about no cost
+    into dtprof's cache (once per torch build; a C++ compiler and ninja needed), and say whether
+    the profiler-trace reader was built when dtprof was installed."""
+    from dtprof.trace.kineto.scan_ahead import native_reader
 
-    built = _build("profiler-trace reader", kineto_native.build, args.verbose)
-    kineto_native.forget()
+    reader, why = native_reader()
+    if reader is not None:
+        print(f"dtprof: profiler-trace reader built at install: {reader.__file__}")
+    else:
+        print(
+            f"dtprof: no native profiler-trace reader ({why}); Python reads profiler traces. "
+            "Install dtprof again where a C++ compiler is (pip install --force-reinstall "
+            "--no-deps dtprof) to build it."
+        )
     try:
         from dtprof.record import native
     except ImportError as exc:  # no torch here
         print(f"dtprof: no DDP bucket kernel: it needs torch ({exc})")
-        return 0 if built else 2
+        return 0
     print("dtprof: building the DDP bucket kernel (10-30 s) ...", file=sys.stderr, flush=True)
-    built &= _build("DDP bucket kernel", native.build, args.verbose)
-    return 0 if built else 2
+    return 0 if _build("DDP bucket kernel", native.build, args.verbose) else 2
 
 
 def _build(what: str, build: Callable[..., Path], verbose: bool) -> bool:

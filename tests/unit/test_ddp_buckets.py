@@ -311,7 +311,7 @@ def test_build_native_fails_in_one_line_naming_the_source(tmp_path: Path) -> Non
     )
     assert done.returncode == 2
     errors = [line for line in done.stderr.splitlines() if line.startswith("dtprof: error: ")]
-    assert len(errors) == 2, done.stderr
-    assert "kineto_scan.cpp: building the profiler-trace reader failed" in errors[0]
-    assert "buckets.cpp: building the native kernel failed" in errors[1]
+    assert len(errors) == 1, done.stderr
+    assert "buckets.cpp: building the native kernel failed" in errors[0]
     assert "Traceback" not in done.stderr
+    assert "profiler-trace reader built at install" in done.stdout  # the install built it

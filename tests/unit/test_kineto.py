@@ -17,11 +17,11 @@ import pytest
 import dtprof
 from dtprof.analysis import analyze
 from dtprof.cli import main
-from dtprof.trace import kineto_events
 from dtprof.trace.importer import trace_kind
-from dtprof.trace.kineto import read_kineto
-from dtprof.trace.kineto_ahead import cached
-from dtprof.trace.kineto_map import rank_tables
+from dtprof.trace.kineto import events as kineto_events
+from dtprof.trace.kineto.mapping import rank_tables
+from dtprof.trace.kineto.read import read_kineto
+from dtprof.trace.kineto.scan_ahead import cached
 from tests import kinetobuild as kb
 
 REFERENCE = Path(__file__).resolve().parents[3] / "shared" / "reference_traces"
@@ -202,7 +202,7 @@ def test_call_order_counts_each_groups_calls_as_groupby_does() -> None:
     import numpy as np
     import pandas as pd
 
-    from dtprof.trace.kineto_map import _calls_before
+    from dtprof.trace.kineto.mapping import _calls_before
 
     key = np.random.default_rng(2).integers(0, 7, 500)
     expected = pd.Series(key).groupby(key).cumcount().to_numpy()
@@ -218,7 +218,7 @@ def test_memory_samples_are_each_steps_last_reading_as_pandas_groups_them() -> N
     import numpy as np
     import pandas as pd
 
-    from dtprof.trace.kineto_map import Steps, samples_table, step_at
+    from dtprof.trace.kineto.mapping import Steps, samples_table, step_at
 
     rng = np.random.default_rng(7)
     for _ in range(200):
@@ -484,7 +484,6 @@ def test_profiler_traces_are_read_with_jemalloc_and_dtprof_traces_are_not(
     assert chosen == {"profiler": "jemalloc", "dtprof": "None"}
 
 
-@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="the import uses workers from 2 CPUs on")
 def test_import_workers_never_collect_garbage_they_inherit(tmp_path: Path) -> None:
     """Run in a process of its own: a worker that hangs is killed with it."""
     script = Path(__file__).parents[1] / "jobs" / "workers" / "import_with_garbage.py"

@@ -18,9 +18,10 @@ import pyarrow as pa
 import pytest
 
 from dtprof.errors import DtprofError
-from dtprof.trace import kineto_native
-from dtprof.trace.kineto import Cols, KinetoFile, read_kineto
-from dtprof.trace.kineto_map import gpu_launches, kernel_category, rank_tables
+from dtprof.trace.kineto import native as native_module
+from dtprof.trace.kineto.mapping import gpu_launches, kernel_category, rank_tables
+from dtprof.trace.kineto.read import Cols, KinetoFile, read_kineto
+from dtprof.trace.kineto.scan_ahead import native_reader
 from tests import kinetobuild as kb
 from tests.conftest import native_reader_or_skip
 
@@ -60,7 +61,7 @@ def both(path: Path) -> tuple[KinetoFile | str, KinetoFile | str]:
     """(native read, or why it gave the file back, or what it raised; Python read, or what it
     raised): where the native reader raises, the Python reader raises the same."""
     try:
-        native = kineto_native.read(path)
+        native = native_module.read(path)
     except ValueError as exc:  # out of range: the importer names the file
         native = f"raised: {exc!r}"
     try:
@@ -111,7 +112,7 @@ def test_reads_what_the_python_reader_reads(
 
 
 def test_kernel_categories_and_launches(tmp_path: Path) -> None:
-    from dtprof.trace.kineto_map import COMMUNICATION, COMPUTE, MEMORY, OTHER
+    from dtprof.trace.kineto.mapping import COMMUNICATION, COMPUTE, MEMORY, OTHER
 
     kernels = [  # (category, name, expected): every rule, and which one wins
         ("kernel", "ncclDevKernel_AllReduce_Sum_f32", COMMUNICATION),
@@ -181,7 +182,7 @@ NAMED = {"Collective name": "allgather"}  # kept whatever it launched
 
 
 def test_collectives_of_both_readers(tmp_path: Path) -> None:
-    from dtprof.trace.kineto_map import DTYPE_BYTES, OP_NAMES, P2P_OPS
+    from dtprof.trace.kineto.mapping import DTYPE_BYTES, OP_NAMES, P2P_OPS
 
     calls: list[tuple[dict[str, Any] | None, str | None]] = [
         ({"Collective name": "allreduce", "In msg nelems": 10, "dtype": "Float"}, "nccl:x"),
@@ -355,7 +356,7 @@ def test_numbers_of_every_length_are_read_as_the_python_reader_reads_them(
     try:
         native, python = both(path)
     except OverflowError:  # the Python reader's int64 columns take no bigger integer
-        native, python = kineto_native.read(path), None
+        native, python = native_module.read(path), None
         assert isinstance(native, str), native
         return
     if isinstance(native, KinetoFile):
@@ -372,8 +373,8 @@ READ_HERE = {"12345678", "99999999", "100000000", "-12345678", "0", "-0", "16697
 def test_gzipped_files_are_inflated_here_or_given_back_as_the_python_reader_reads_them(
     tmp_path: Path,
 ) -> None:
-    library, _ = kineto_native.load()
-    if library is None or not library.inflates:
+    module, _ = native_reader()
+    if module is None or not module.inflates:
         pytest.skip("the native reader was built without zlib: Python inflates")
     text = json.dumps(kb.trace(0, steps=2)).encode()
     packed = gzip.compress(text)
@@ -441,47 +442,52 @@ def test_reads_the_reference_traces_as_the_python_reader_does(name: str) -> None
         assert_same(native, python)
 
 
-def test_off_switch_and_a_failed_build_fall_back_to_python(
+def test_off_switch_and_a_reader_not_built_fall_back_to_python(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = kb.write(tmp_path, "rank0.json", kb.trace(0))
-    try:
-        monkeypatch.setenv("DTPROF_NATIVE", "0")
-        kineto_native.forget()
-        assert kineto_native.read(path) == "off (DTPROF_NATIVE=0)"
+    with monkeypatch.context() as m:
+        m.setenv("DTPROF_NATIVE", "0")
+        assert native_module.read(path) == "off (DTPROF_NATIVE=0)"
         assert read_kineto(path).reader == "python"
-        monkeypatch.delenv("DTPROF_NATIVE")
-        monkeypatch.setenv("CXX", "false")  # another compiler: another library, not built
-        monkeypatch.setenv("DTPROF_NATIVE_DIR", str(tmp_path / "native"))
-        kineto_native.forget()
-        why = kineto_native.read(path)
-        assert isinstance(why, str) and "building the profiler-trace reader failed" in why
-        assert len(list((tmp_path / "native").glob("*.failed"))) == 1
-        kineto_native.forget()
-        assert kineto_native.read(path) == why  # the failure is kept: no second try
-        assert read_kineto(path).reader == "python"
-    finally:
-        kineto_native.forget()
+    monkeypatch.setitem(sys.modules, "dtprof.trace.kineto._scan", None)  # as if not built
+    why = native_module.read(path)
+    assert isinstance(why, str) and why.startswith("not built at install")
+    assert read_kineto(path).reader == "python"
 
 
-def test_built_without_zlib_it_scans_what_python_inflates(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    cxx = tmp_path / "cxx"  # a compiler with no zlib to link
-    cxx.write_text('#!/bin/sh\nfor a in "$@"; do [ "$a" = -lz ] && exit 1; done\nexec c++ "$@"\n')
-    cxx.chmod(0o755)
+def test_built_without_zlib_it_scans_what_python_inflates(tmp_path: Path) -> None:
+    """The reader as the install builds it where zlib is missing (setup.py's second try)."""
+    import sysconfig
+
+    pybind11 = pytest.importorskip("pybind11")
+    sources = sorted((Path(native_module.__file__).parent / "cpp").glob("*.cpp"))
+    target = tmp_path / f"_scan{sysconfig.get_config_var('EXT_SUFFIX')}"
+    includes = [f"-I{pybind11.get_include()}", f"-I{sysconfig.get_paths()['include']}"]
+    flags = ["-O1", "-std=c++17", "-shared", "-fPIC", "-fvisibility=hidden", "-DDTPROF_NO_ZLIB"]
+    subprocess.run(["c++", *flags, *includes, *map(str, sources), "-o", str(target)], check=True)
     path = kb.write(tmp_path, "rank0.json.gz", kb.trace(0, steps=2))
-    try:
-        monkeypatch.setenv("CXX", str(cxx))
-        monkeypatch.setenv("DTPROF_NATIVE_DIR", str(tmp_path / "native"))
-        kineto_native.forget()
-        library, why = kineto_native.load()
-        assert library is not None and not library.inflates, why
-        native, python = both(path)
-        assert isinstance(native, KinetoFile) and isinstance(python, KinetoFile)
-        assert_same(native, python)
-    finally:
-        kineto_native.forget()
+    # in a process of its own: this one has the installed module loaded under the same name
+    script = f"""
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("dtprof.trace.kineto._scan", {str(target)!r})
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+sys.modules["dtprof.trace.kineto._scan"] = module
+from pathlib import Path
+from dtprof.trace.kineto import native
+from tests.unit.test_kineto_native import assert_same, both
+path = Path({str(path)!r})
+assert not module.inflates and module.scan_file(str(path)).status == native.GZIPPED
+native_read, python_read = both(path)
+assert_same(native_read, python_read)
+print("same")
+"""
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=root, capture_output=True, text=True, check=False
+    )
+    assert done.stdout.strip() == "same", done.stderr[-2000:]
 
 
 def test_imported_meta_says_which_reader_read_the_file(tmp_path: Path) -> None:
@@ -499,34 +505,18 @@ def test_imported_meta_says_which_reader_read_the_file(tmp_path: Path) -> None:
         subprocess.run(["rm", "-rf", str(out)], check=True)
 
 
-class _Frees:
-    """The library's free call, counted."""
-
-    def __init__(self) -> None:
-        self.freed: list[int] = []
-
-    def dtprof_kineto_free(self, result: int) -> None:
-        self.freed.append(result)
-
-
-def test_columns_hold_the_scan_until_the_last_of_them_goes() -> None:
-    """The columns view the scan's memory: it is freed once, and only when no array (nor a
-    slice, nor an Arrow buffer over one) still views it."""
-    import ctypes
-
-    memory = ctypes.create_string_buffer(64)
-    lib = _Frees()
-    owner = kineto_native._Scan(lib, 7)  # type: ignore[arg-type]
-    address = ctypes.addressof(memory)
-    a = kineto_native._view(owner, address, 4, np.int64)
-    b = kineto_native._view(owner, address + 32, 8, np.uint8)
-    assert kineto_native._view(owner, address, 0, np.int64).size == 0
-    del owner
-    a[:] = [1, 2, 3, 4]
-    tail, buffer = a[2:], pa.py_buffer(b)
-    del a, b
-    assert lib.freed == [] and tail.tolist() == [3, 4]
-    del tail
-    assert lib.freed == []
-    del buffer
-    assert lib.freed == [7]
+def test_columns_hold_the_scan_until_the_last_of_them_goes(tmp_path: Path) -> None:
+    """The columns view the scan's memory, with no copy: each holds the scan, which is freed
+    only when no array still views it."""
+    module, _ = native_reader()
+    assert module is not None
+    scan = module.scan_file(str(kb.write(tmp_path, "rank0.json", kb.trace(0))))
+    before = sys.getrefcount(scan)
+    columns = scan.columns()
+    viewing = [a for a in columns.values() if a.size]
+    assert all(a.base is scan for a in viewing) and sys.getrefcount(scan) == before + len(viewing)
+    ts, copied = columns["gpu_ts"], columns["gpu_ts"].copy()
+    del columns, viewing
+    assert sys.getrefcount(scan) == before + 1
+    del scan
+    assert np.array_equal(ts, copied)

@@ -1,8 +1,7 @@
 // What the native Kineto reader's files share: the columns a trace is scanned into and the
 // scan's result (Fallback, Strings, Group, Columns, Result), the name tests the scan makes, and
-// the call that crosses from one file to another. Hidden:
-// nothing declared here is exported from the library, whose interface is kineto_scan.cpp's
-// extern "C" functions alone.
+// the call that crosses from one file to another. Hidden: nothing declared here is exported
+// from the module, whose interface is scan.cpp's Python module alone.
 
 #pragma once
 
@@ -123,9 +122,9 @@ inline bool is_comm_annotation(std::string_view n) {
 }
 
 // The calls from one file to another: once per trace, or once per collective, never per event
-// (whatever the scan of an event calls is in kineto_events.cpp or kineto_json.h, to inline).
+// (whatever the scan of an event calls is in events.cpp or json.h, to inline).
 
-// kineto_events.cpp: a trace's JSON text read into c (throws Fallback where it gives it back).
+// events.cpp: a trace's JSON text read into c (throws Fallback where it gives it back).
 // release: the text is a read-only file mapping, whose pages already scanned may be dropped
 // (from this process's memory, not from the page cache) as the scan goes
 void read_trace(const char* text, int64_t length, bool release, Columns& c);

@@ -24,8 +24,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from msgspec import UNSET
 
-from dtprof.trace.kineto import COMM_ANNOTATION_RE, STEP_RE, KinetoFile
-from dtprof.trace.kineto_events import NO_ARGS, Args, raw_value
+from dtprof.trace.kineto.events import NO_ARGS, Args, raw_value
+from dtprof.trace.kineto.read import COMM_ANNOTATION_RE, STEP_RE, KinetoFile
 from dtprof.trace.meta import Clock, ClockEstimate, Imported, RankMeta
 from dtprof.trace.schema import SCHEMA_VERSION, TABLES
 

@@ -1,7 +1,7 @@
 // The JSON text under the native Kineto reader, read in place: whitespace, separators, strings
 // (plain runs 16 bytes at a time with SSE2, escapes, strict UTF-8), numbers, literals, and the
 // members and elements of objects and arrays. Header-only: it is the scan's hot loop, inlined
-// into the readers built on it (kineto_events.cpp).
+// into the readers built on it (events.cpp).
 
 #pragma once
 
@@ -16,7 +16,7 @@
 #include <string_view>
 #include <system_error>
 
-#include "kineto_scan.h"
+#include "columns.h"
 
 namespace dtprof_kineto __attribute__((visibility("hidden"))) {
 

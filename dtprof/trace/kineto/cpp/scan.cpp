@@ -1,17 +1,16 @@
-// One PyTorch profiler (Kineto) trace, scanned into the columns dtprof's importer maps.
+// One PyTorch profiler (Kineto) trace, scanned into the columns dtprof's mapping reads: the
+// extension module dtprof.trace.kineto._scan, built at install (setup.py, pybind11).
 //
-// The native form of dtprof/trace/kineto.py's reading (kineto_native.py loads it). It keeps
-// exactly the events and fields that read_kineto() keeps, in the same order, with the same
-// defaults. It takes only files it reads with certainty: anything unusual (a value of an
-// unexpected type, a lone surrogate, invalid UTF-8, invalid JSON, a second traceEvents) makes
-// it give the file back ("fallback"), and the Python reader then reads it or says what is wrong.
-// What the columns mean for dtprof's tables is worked out in Python (kineto_map.py), for the
-// columns of either reader.
-// Plain C ABI for ctypes: the scan runs without Python, so ctypes lets other threads run.
+// The native form of dtprof/trace/kineto/read.py's reading (native.py turns its columns into a
+// KinetoFile). It keeps exactly the events and fields that read_kineto() keeps, in the same
+// order, with the same defaults. It takes only files it reads with certainty: anything unusual
+// (a value of an unexpected type, a lone surrogate, invalid UTF-8, invalid JSON, a second
+// traceEvents) makes it give the file back ("fallback"), and the Python reader then reads it or
+// says what is wrong. What the columns mean for dtprof's tables is worked out in Python
+// (mapping.py), for the columns of either reader. Scans run without the GIL.
 //
-// This file: that C ABI, and the files it reads (mapped, or inflated). The rest, one file each:
-// kineto_scan.h (the data they share), kineto_json.h (the JSON text), kineto_events.cpp (the
-// events).
+// This file: the module, and the files it reads (mapped, or inflated). The rest, one file each:
+// columns.h (the data they share), json.h (the JSON text), events.cpp (the events).
 
 #include <fcntl.h>
 #ifdef __GLIBC__
@@ -34,9 +33,15 @@
 #include <string>
 #include <vector>
 
-#include "kineto_scan.h"
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
 
-extern "C" void* dtprof_kineto_scan(const char* text, int64_t length, int release);
+#include <memory>
+#include <type_traits>
+
+#include "columns.h"
+
+namespace py = pybind11;
 
 namespace dtprof_kineto {
 namespace {
@@ -45,17 +50,20 @@ struct Column {
   const char* name;
   const void* data;
   int64_t length;  // elements
+  const char* format;  // numpy's: d float64, q int64, i int32, B uint8
 };
 
 template <typename T>
 Column col(const char* name, const std::vector<T>& v) {
-  return {name, v.data(), static_cast<int64_t>(v.size())};
+  static_assert(sizeof(T) == 8 || sizeof(T) == 4 || sizeof(T) == 1);
+  const char* format = std::is_same_v<T, double> ? "d" : sizeof(T) == 8 ? "q" : sizeof(T) == 4 ? "i" : "B";
+  return {name, v.data(), static_cast<int64_t>(v.size()), format};
 }
 
 void strings(std::vector<Column>& out, const char* offsets, const char* data, const char* valid,
              const Strings& s) {
   out.push_back(col(offsets, s.offsets));
-  out.push_back({data, s.data.data(), static_cast<int64_t>(s.data.size())});
+  out.push_back({data, s.data.data(), static_cast<int64_t>(s.data.size()), "B"});
   out.push_back(col(valid, s.valid));
 }
 
@@ -99,12 +107,14 @@ std::vector<Column> columns(const Columns& c) {
   return out;
 }
 
-void* given_back(const char* why) {
+Result* given_back(const char* why) {
   auto* r = new Result();
   r->status = 1;
   r->why = why;
   return r;
 }
+
+Result* scan_text(const char* text, int64_t length, bool release);
 
 #ifdef DTPROF_ZLIB
 // Anonymous pages for an inflated text: page-aligned, so that the scan drops them as it goes,
@@ -131,7 +141,7 @@ struct Pages {
 // Inflate a gzipped file (every member, as Python's gzip.decompress does; zlib checks each
 // one's CRC and length) into anonymous pages sized by its trailer, then scan the text. What
 // is not a clean gzip stream is given back: the Python reader says what is wrong with it.
-void* scan_gzipped(int fd, size_t size) {
+Result* scan_gzipped(int fd, size_t size) {
   if (size > std::numeric_limits<uInt>::max()) return given_back("gzip: over 4 GiB");
   std::string packed(size, '\0');
   for (size_t got = 0; got < size;) {
@@ -175,25 +185,17 @@ void* scan_gzipped(int fd, size_t size) {
   inflateEnd(&z);
   if (why) return given_back(why);
   std::string().swap(packed);
-  return dtprof_kineto_scan(text.data, static_cast<int64_t>(used), 1);
+  return scan_text(text.data, static_cast<int64_t>(used), true);
 }
 #endif
 
-}  // namespace
-
-}  // namespace dtprof_kineto
-
-using namespace dtprof_kineto;
-
-extern "C" {
-
-// Scan one trace's JSON text; never null, never throws. Free with dtprof_kineto_free.
-// release: the text is a read-only file mapping (see read_trace).
-void* dtprof_kineto_scan(const char* text, int64_t length, int release) {
+// Scan one trace's JSON text; never null, never throws. release: the text is a read-only file
+// mapping (see read_trace).
+Result* scan_text(const char* text, int64_t length, bool release) {
   auto* r = new Result();
   try {
     r->cols.expect(length);
-    read_trace(text, length, release != 0, r->cols);
+    read_trace(text, length, release, r->cols);
   } catch (const Fallback& f) {
     r->status = 1;
     r->why = f.why;
@@ -211,7 +213,7 @@ void* dtprof_kineto_scan(const char* text, int64_t length, int release) {
 // cache). A gzipped file is inflated first (built without zlib: status 2, for the caller to
 // inflate and scan as text). Status 1, with the reason, for one that cannot be opened, mapped,
 // inflated or read with certainty.
-void* dtprof_kineto_scan_file(const char* path) {
+Result* scan_file(const char* path) {
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) return given_back(std::strerror(errno));
   struct stat st;
@@ -223,12 +225,12 @@ void* dtprof_kineto_scan_file(const char* path) {
   unsigned char magic[2] = {0, 0};
   if (st.st_size >= 2 && pread(fd, magic, 2, 0) == 2 && magic[0] == 0x1f && magic[1] == 0x8b) {
 #ifdef DTPROF_ZLIB
-    void* r = scan_gzipped(fd, static_cast<size_t>(st.st_size));
+    Result* r = scan_gzipped(fd, static_cast<size_t>(st.st_size));
     close(fd);
     return r;
 #else
     close(fd);
-    auto* r = static_cast<Result*>(given_back("gzip"));
+    Result* r = given_back("gzip");
     r->status = 2;
     return r;
 #endif
@@ -236,48 +238,65 @@ void* dtprof_kineto_scan_file(const char* path) {
   void* text = mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
   close(fd);
   if (text == MAP_FAILED) return given_back(std::strerror(errno));
-  void* r = dtprof_kineto_scan(static_cast<const char*>(text), st.st_size, 1);
+  Result* r = scan_text(static_cast<const char*>(text), st.st_size, true);
   munmap(text, static_cast<size_t>(st.st_size));
   return r;
 }
 
-// Whether this build inflates gzipped files itself (else their scans say status 2).
-int dtprof_kineto_inflates() {
-#ifdef DTPROF_ZLIB
-  return 1;
-#else
-  return 0;
-#endif
-}
-
-int dtprof_kineto_status(void* result) { return static_cast<Result*>(result)->status; }
-
-const char* dtprof_kineto_why(void* result) { return static_cast<Result*>(result)->why.c_str(); }
-
-int64_t dtprof_kineto_at(void* result) { return static_cast<Result*>(result)->at; }
-
-int64_t dtprof_kineto_events(void* result) { return static_cast<Result*>(result)->cols.events; }
-
-// The result's columns, by name: their count, and each one's name, address and length.
-int dtprof_kineto_columns(void* result, const char** names, const void** data, int64_t* lengths,
-                          int capacity) {
-  auto* r = static_cast<Result*>(result);
-  auto cols = columns(r->cols);
-  int n = static_cast<int>(cols.size());
-  for (int i = 0; i < n && i < capacity; ++i) {
-    names[i] = cols[i].name;
-    data[i] = cols[i].data;
-    lengths[i] = cols[i].length;
+// The result's columns as numpy arrays that view its memory: each holds the scan object, so
+// the memory lives as long as the last of them.
+py::dict column_arrays(py::object scan) {
+  const Result& r = scan.cast<const Result&>();
+  py::dict out;
+  for (const Column& c : columns(r.cols)) {
+    py::dtype dtype{std::string(c.format)};
+    std::vector<py::ssize_t> shape{static_cast<py::ssize_t>(c.length)};
+    // an empty column owns its (empty) memory: there is nothing of the scan's to view
+    out[c.name] = c.length ? py::array(dtype, shape, {}, c.data, scan) : py::array(dtype, shape);
   }
-  return n;
+  return out;
 }
 
-void dtprof_kineto_free(void* result) { delete static_cast<Result*>(result); }
+}  // namespace
 
-// Give the pages of freed scans back to the system (glibc keeps them for reuse otherwise).
-void dtprof_kineto_trim() {
-#ifdef __GLIBC__
-  malloc_trim(0);
+}  // namespace dtprof_kineto
+
+PYBIND11_MODULE(_scan, m) {
+  using namespace dtprof_kineto;
+  m.doc() = "dtprof's native reader of PyTorch profiler traces (dtprof/trace/kineto/cpp)";
+#ifdef DTPROF_ZLIB
+  m.attr("inflates") = true;  // gzipped files inflated here; else their scans say status 2
+#else
+  m.attr("inflates") = false;
 #endif
-}
+  py::class_<Result>(m, "Scan", "One file's scan: its columns, or why it gave the file back.")
+      .def_property_readonly("status", [](const Result& r) { return r.status; },
+                             "0: read; 1: given back to the Python reader; 2: gzipped")
+      .def_property_readonly("why", [](const Result& r) { return r.why; })
+      .def_property_readonly("at", [](const Result& r) { return r.at; },
+                             "the byte where it gave the file back, or -1")
+      .def_property_readonly("events", [](const Result& r) { return r.cols.events; })
+      .def("columns", &column_arrays, "name -> numpy array viewing the scan's memory");
+  m.def(
+      "scan_file",
+      [](const std::string& path) {
+        py::gil_scoped_release unlocked;
+        return std::unique_ptr<Result>(scan_file(path.c_str()));
+      },
+      "Scan one trace file (plain or gzipped), without the GIL.");
+  m.def(
+      "scan_text",
+      [](py::buffer text) {
+        py::buffer_info info = text.request();
+        py::gil_scoped_release unlocked;
+        return std::unique_ptr<Result>(scan_text(static_cast<const char*>(info.ptr),
+                                                 static_cast<int64_t>(info.size * info.itemsize),
+                                                 false));
+      },
+      "Scan a trace's JSON text (bytes), without the GIL.");
+  m.def("trim", [] {
+#ifdef __GLIBC__
+    malloc_trim(0);
+#endif
+  }, "Give the pages of freed scans back to the system (glibc keeps them otherwise).");
 }

@@ -1,6 +1,6 @@
 // A trace's JSON text read into Columns (read_trace): the document, its header and its
 // traceEvents; each event's kind, by its ph, cat and name; and the fields and args keys of the
-// groups it is in. The scan's per-event loop: whatever it calls is here or in kineto_json.h,
+// groups it is in. The scan's per-event loop: whatever it calls is here or in json.h,
 // so that it all inlines.
 
 #include <sys/mman.h>
@@ -11,8 +11,8 @@
 #include <string>
 #include <string_view>
 
-#include "kineto_json.h"
-#include "kineto_scan.h"
+#include "json.h"
+#include "columns.h"
 
 namespace dtprof_kineto {
 namespace {

@@ -1,11 +1,11 @@
 """Read one PyTorch profiler (Kineto) trace file into columns; no per-event dicts are built.
 
 The file is decoded a chunk of events at a time into typed records that hold only what the
-importer maps (:mod:`dtprof.trace.kineto_events`). From each chunk, the groups of events the
+importer maps (:mod:`dtprof.trace.kineto.events`). From each chunk, the groups of events the
 importer needs (GPU activity, CUDA launches, CPU operators and annotations, ``[memory]``
 instants) are pulled out column by column into numpy / Arrow arrays, and the chunk's records
 are dropped before the next is decoded; the file's tables are built from the columns
-(:mod:`dtprof.trace.kineto_map`).
+(:mod:`dtprof.trace.kineto.mapping`).
 
 Times: ``ts`` and ``dur`` are microseconds (integers in older traces, floats in newer ones).
 With ``baseTimeNanoseconds`` in the file, ``ts`` is relative to it; without, ``ts`` is absolute
@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dtprof.errors import DtprofError
-from dtprof.trace.kineto_events import (
+from dtprof.trace.kineto.events import (
     Args,
     Event,
     Unstreamable,
@@ -274,7 +274,7 @@ def read_kineto(path: str | Path, native: bool = True) -> KinetoFile:
     native reader where it is built and takes the file, else in Python."""
     path = Path(path)
     if native:
-        from dtprof.trace.kineto_native import read
+        from dtprof.trace.kineto.native import read
 
         found = read(path)
         if not isinstance(found, str):
@@ -304,12 +304,3 @@ def _read_whole(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         return header, [_chunk_columns(events) for events in chunks(path, text, raws)]
     except (msgspec.DecodeError, UnicodeDecodeError) as exc:  # what skipping an event let by
         raise DtprofError(f"{path}: not valid JSON ({exc})") from None
-
-
-RANK_IN_NAME = re.compile(r"rank[-_=.]?(\d+)", re.IGNORECASE)
-
-
-def rank_from_name(path: Path) -> int | None:
-    """The digits after ``rank`` in a file name (``trace_rank-3.json`` -> 3), else None."""
-    found = RANK_IN_NAME.search(path.name)
-    return int(found.group(1)) if found else None
