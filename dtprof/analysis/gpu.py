@@ -103,8 +103,8 @@ def kernel_figures(rank: int, kernels: Kernels, steps: pa.Table) -> tuple[pa.Tab
         {
             "rank": pa.array(np.full(len(s), rank, np.int32)),
             "step": pa.array(step_at(in_order, s), pa.int64()),
-            "name": pa.array(np.full(len(s), GPU_PHASE, object), pa.string()),
-            "kind": pa.array(np.full(len(s), "phase", object), pa.string()),
+            "name": pa.repeat(GPU_PHASE, len(s)),
+            "kind": pa.repeat("phase", len(s)),
             "start_ns": pa.array(s, pa.int64()),
             "end_ns": pa.array(e, pa.int64()),
         }

@@ -475,7 +475,7 @@ def spans_table(kf: KinetoFile, steps: Steps, names: Distinct) -> pa.Table:
         {
             "step": step_at(steps, cpu.ts_ns[idx]),
             "name": cpu.name.take(pa.array(idx, pa.int64())),
-            "kind": np.full(len(idx), "region", object),
+            "kind": pa.repeat("region", len(idx)),
             "start_ns": cpu.ts_ns[idx],
             "end_ns": cpu.end_ns[idx],
             "depth": np.zeros(len(idx), np.int16),

@@ -125,7 +125,7 @@ class KinetoFile:
     memory_allocated: np.ndarray  # float64 bytes, NaN when absent
     memory_reserved: np.ndarray
     events: int
-    reader: str = "python"  # or "native": kineto_native.py read it
+    reader: str = "python"  # or "native": native.py read it
 
     @property
     def base_ns(self) -> int:
