@@ -315,3 +315,31 @@ def test_build_native_fails_in_one_line_naming_the_source(tmp_path: Path) -> Non
     assert "buckets.cpp: building the native kernel failed" in errors[0]
     assert "Traceback" not in done.stderr
     assert "profiler-trace reader built at install" in done.stdout  # the install built it
+
+
+def test_the_kernel_is_built_at_its_first_use_and_a_failed_build_is_not_tried_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dtprof.errors import DtprofError
+    from dtprof.record import native
+
+    monkeypatch.setenv("DTPROF_NATIVE_DIR", str(tmp_path / "native"))
+    monkeypatch.setattr(native, "_loaded", None)
+    monkeypatch.setattr(native, "_has_ops", lambda torch: False)  # as if never loaded here
+    tries: list[int] = []
+
+    def no_compiler(verbose: bool = False) -> Path:
+        tries.append(1)
+        raise DtprofError("cannot build the native kernel: ninja is required")
+
+    monkeypatch.setattr(native, "build", no_compiler)
+    assert native.load() == (None, "cannot build the native kernel: ninja is required")
+    assert "building the DDP bucket kernel for this torch (once" in capsys.readouterr().err
+    kernel, why = native.load()
+    assert kernel is None and why.startswith("cannot build the native kernel: ninja is required")
+    assert "`dtprof build-native` tries again" in why and tries == [1]  # remembered, not retried
+    assert capsys.readouterr().err == ""
+    monkeypatch.setenv("LOCAL_RANK", "1")  # another rank of the node: waits, says nothing
+    native.failure_path().unlink()
+    native.load()
+    assert capsys.readouterr().err == "" and tries == [1, 1]

@@ -1,10 +1,13 @@
-"""The native (C++) kernel that sees DDP's buckets: built once per torch build, loaded when built.
+"""The native (C++) kernel that sees DDP's buckets: built once per torch build, then loaded.
 
 ``buckets.cpp`` does what :mod:`dtprof.record.ddp_buckets` does with no Python on a bucket's
-path (see there). It is compiled against the torch in use, so it is built on the machine, once
-per torch build, into dtprof's cache: ``dtprof build-native`` (a C++ compiler and ninja needed,
-about 10-30 s). ``profile()`` loads it when it is there and falls back to the Python kernel when
-it is not, saying which in the trace's metadata. ``DTPROF_NATIVE=0`` keeps it unloaded.
+path (see there). It is compiled against the torch in use, as torch extensions are, so it is
+built on the machine, once per torch build, into dtprof's cache (a C++ compiler and ninja
+needed, about 10-30 s): by the first ``profile()`` of a DDP model that needs it, which says so
+once on stderr (the first process of a node; the others wait for its build), or ahead by
+``dtprof build-native``. A build that fails is remembered, and not tried again at each run
+until ``dtprof build-native`` tries it; ``profile()`` then uses the Python kernel, saying why in
+the trace's metadata. ``DTPROF_NATIVE=0`` keeps it unloaded.
 """
 
 from __future__ import annotations
@@ -54,7 +57,8 @@ def library_path() -> Path:
 
 
 def build(verbose: bool = False) -> Path:
-    """Compile buckets.cpp against this torch (once; again only if the source changed)."""
+    """Compile buckets.cpp against this torch (once; again only if the source changed); a
+    failure remembered from an earlier try is forgotten first."""
     try:
         from torch.utils.cpp_extension import load, verify_ninja_availability
     except ImportError as exc:
@@ -65,6 +69,7 @@ def build(verbose: bool = False) -> Path:
         raise DtprofError(f"cannot build the native kernel: {exc} (pip install ninja)") from None
     folder = build_dir()
     folder.mkdir(parents=True, exist_ok=True)
+    failure_path().unlink(missing_ok=True)
     try:
         load(
             name=NAME,
@@ -100,7 +105,9 @@ def load() -> tuple[Native | None, str]:
             if not hasattr(torch.ops, NAME) or not _has_ops(torch):
                 path = library_path()
                 if not path.is_file():
-                    return None, "not built (`dtprof build-native` builds it)"
+                    why = _build_once()
+                    if why:
+                        return None, why
                 torch.ops.load_library(str(path))
             native = Native(torch.ops.dtprof_native)
         except Exception as exc:
@@ -110,6 +117,39 @@ def load() -> tuple[Native | None, str]:
             return None, f"its clock differs from time.perf_counter_ns() by {skew / 1e6:.0f} ms"
         _loaded = native
         return native, ""
+
+
+def failure_path() -> Path:
+    """Where a failed build of this torch build's kernel is remembered."""
+    return build_dir() / "build.failed"
+
+
+def _build_once() -> str:
+    """Build the kernel at its first use, announced once: "" when built, else why not (a
+    failure is remembered and not tried again until ``dtprof build-native``). Ranks of one node
+    build it once: the others wait on torch's lock in the build folder."""
+    failed = failure_path()
+    if failed.is_file():
+        why = failed.read_text().strip() or "its build failed"
+        return f"{why} (before; `dtprof build-native` tries again)"
+    if os.environ.get("LOCAL_RANK", "0") == "0":
+        print(
+            f"dtprof: building the DDP bucket kernel for this torch (once, 10-30 s) into "
+            f"{build_dir()}; `dtprof build-native` builds it ahead",
+            file=sys.stderr,
+            flush=True,
+        )
+    try:
+        build()
+    except DtprofError as exc:
+        why = str(exc).splitlines()[0]
+        try:
+            failed.parent.mkdir(parents=True, exist_ok=True)
+            failed.write_text(why + "\n")
+        except OSError:
+            pass  # not remembered: the next run tries again
+        return why
+    return ""
 
 
 def _has_ops(torch: Any) -> bool:
