@@ -2,8 +2,9 @@
 
 The checks reduce these to findings; the dashboard shows them as they are (per step, per
 collective), from the same primitives: ``RunSummary.matched`` pairs each collective across
-ranks (a seq x member matrix per group), a transfer starts when the last member entered, the
-waiting before it is charged to the last. The sweeps go through the members a block of ranks
+ranks (a seq x member matrix per group), a transfer starts when the last member entered
+(``dtprof.analysis.overlap``, as poor-overlap reads it), the waiting before it is charged to
+the last. The sweeps go through the members a block of ranks
 at a time, so that no copy of a whole matrix is made. pandas frames, for plotting; imported by
 the dashboard only (``dtprof analyze`` does not import pandas).
 """
@@ -14,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from dtprof.analysis.columns import codes, is_null, rows, values
+from dtprof.analysis.overlap import sweep, transfers
 from dtprof.analysis.summarize import RunSummary
 
 RANK_BLOCK = 64  # members swept at a time
@@ -59,9 +61,9 @@ def _transfers(run: RunSummary, first: int, last: int) -> tuple[pd.DataFrame, pd
         lo, hi = np.searchsorted(g.ranks, [first, last + 1])
         if not len(keep) or lo == hi:
             continue
-        latest = g.start.max(axis=1)[keep]
+        latest, ends = transfers(g, keep)
         start = g.start[keep, lo:hi]
-        end = np.maximum(latest[:, None], g.end[keep, lo:hi])
+        end = ends[:, lo:hi]
         n, m = end.shape
         step = g.step[keep]
         ranks = g.ranks[lo:hi]
@@ -96,41 +98,26 @@ def _transfers(run: RunSummary, first: int, last: int) -> tuple[pd.DataFrame, pd
 
 def exposed(comm: pd.DataFrame, compute: pd.DataFrame) -> pd.DataFrame:
     """rank, step, comm_ns, overlap_ns: union of transfers per rank and step, and its part
-    inside compute phases; one sorted sweep over every interval edge."""
-    key_c = comm["rank"].to_numpy(np.int64) * (1 << 32) + comm["step"].to_numpy(np.int64)
-    key_p = compute["rank"].to_numpy(np.int64) * (1 << 32) + compute["step"].to_numpy(np.int64)
-    key = np.concatenate([key_c, key_c, key_p, key_p])
-    t = np.concatenate(
-        [comm["start_ns"], comm["end_ns"], compute["start_ns"], compute["end_ns"]]
-    ).astype(np.int64)
-    nc, np_ = len(comm), len(compute)
-    dcomm = np.concatenate([np.ones(nc), -np.ones(nc), np.zeros(2 * np_)]).astype(np.int32)
-    dcomp = np.concatenate([np.zeros(2 * nc), np.ones(np_), -np.ones(np_)]).astype(np.int32)
-    order = np.lexsort((t, key))
-    key, t, dcomm, dcomp = key[order], t[order], dcomm[order], dcomp[order]
+    inside compute phases (dtprof.analysis.overlap.sweep, keyed by rank and step)."""
+    key, comm_ns, overlap_ns = sweep(
+        _rank_step(comm), comm["start_ns"].to_numpy(), comm["end_ns"].to_numpy(),
+        _rank_step(compute), compute["start_ns"].to_numpy(), compute["end_ns"].to_numpy(),
+    )  # fmt: skip
     if not len(key):
         return pd.DataFrame(columns=["rank", "step", "comm_ns", "overlap_ns"], dtype="int64")
-    starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
-    comm_on = _running(dcomm, starts) > 0
-    comp_on = _running(dcomp, starts) > 0
-    dt = np.r_[np.diff(t), 0]
-    dt[np.r_[starts[1:] - 1, len(t) - 1]] = 0  # no span from one key's last edge to the next key
-    ukey = key[starts]
     return pd.DataFrame(
         {
-            "rank": ukey >> 32,
-            "step": ukey & ((1 << 32) - 1),
-            "comm_ns": np.add.reduceat(np.where(comm_on, dt, 0), starts),
-            "overlap_ns": np.add.reduceat(np.where(comm_on & comp_on, dt, 0), starts),
+            "rank": key >> 32,
+            "step": key & ((1 << 32) - 1),
+            "comm_ns": comm_ns,
+            "overlap_ns": overlap_ns,
         }
     )
 
 
-def _running(delta: np.ndarray, starts: np.ndarray) -> np.ndarray:
-    """Cumulative sum of delta restarting at each group start."""
-    total = np.cumsum(delta)
-    before = np.r_[0, total[starts[1:] - 1]]
-    return total - np.repeat(before, np.diff(np.r_[starts, len(delta)]))
+def _rank_step(frame: pd.DataFrame) -> np.ndarray:
+    """A rank and step as one int64 key, in their order."""
+    return frame["rank"].to_numpy(np.int64) * (1 << 32) + frame["step"].to_numpy(np.int64)
 
 
 def arrival_skew(run: RunSummary) -> pd.DataFrame:

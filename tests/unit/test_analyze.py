@@ -267,8 +267,8 @@ def test_exposure_a_straggler_causes_on_the_others_is_no_poor_overlap(tmp_path: 
                 row = (step, "0", 3 * step + bucket, "all_reduce", 64, "float32", None)
                 rows["collectives"].append((*row, own, last + 8 * MS, True, f"ddp.bucket{bucket}"))
         write_rank(tmp_path, rank_meta(rank, 3), rows)
+    from dtprof.analysis import overlap
     from dtprof.analysis.arrivals import last_arrival_shares
-    from dtprof.analysis.checks import poor_overlap
     from dtprof.analysis.columns import values
     from dtprof.analysis.summarize import combine, summarize_rank
     from dtprof.trace.reader import find_rank_dirs
@@ -276,9 +276,9 @@ def test_exposure_a_straggler_causes_on_the_others_is_no_poor_overlap(tmp_path: 
     run = combine([summarize_rank(d) for _, d in find_rank_dirs(tmp_path)])
     skip = 2
     phases = run.phases.filter(values(run.phases, "step") >= skip)
-    per = poor_overlap.comm_overlap(run, skip, phases)
+    per = overlap.comm_overlap(run, skip, phases)
     step_ns = 10 * 60 * MS
-    exposed = {rank: round((comm - overlap) / step_ns, 3) for rank, (comm, overlap) in per.items()}
+    exposed = {rank: round((comm - under) / step_ns, 3) for rank, (comm, under) in per.items()}
     assert exposed == {0: 0.267, 1: 0.267, 2: 0.117}
     assert last_arrival_shares(run, skip) == {0: 0.0, 1: 0.0, 2: 1.0}
     codes = [f.code for f in analyze(tmp_path).findings]
@@ -488,7 +488,7 @@ def test_a_window_inside_the_warm_up_gives_no_pipeline_finding() -> None:
 
 
 def test_vectorized_overlap_equals_the_per_rank_sweep(tmp_path: Path) -> None:
-    from dtprof.analysis.checks import poor_overlap
+    from dtprof.analysis import overlap
     from dtprof.analysis.columns import values
     from dtprof.analysis.summarize import combine, summarize_rank
     from dtprof.trace.reader import find_rank_dirs
@@ -519,18 +519,18 @@ def test_vectorized_overlap_equals_the_per_rank_sweep(tmp_path: Path) -> None:
         write_rank(tmp_path, rank_meta(rank, 4), rows)
     run = combine([summarize_rank(d) for _, d in find_rank_dirs(tmp_path)])
     compute = run.phases.filter(values(run.phases, "step") >= 2)
-    fast = poor_overlap.comm_overlap(run, 2, compute)
-    sweep = poor_overlap.overlap_per_rank(poor_overlap.transfer_intervals(run, 2), compute)
+    fast = overlap.comm_overlap(run, 2, compute)
+    sweep = overlap.overlap_per_rank(overlap.transfer_intervals(run, 2), compute)
     assert fast == sweep and sorted(fast) == [0, 1, 2, 3]
     assert all(0 < overlap < comm for comm, overlap in fast.values())
     # rows in any order: the spans are sorted by rank and start where they are not already
     shuffled = compute.take(np.random.default_rng(3).permutation(compute.num_rows))
     assert (np.diff(values(shuffled, "rank")) < 0).any()
-    merged, again = poor_overlap.merged_compute(compute), poor_overlap.merged_compute(shuffled)
+    merged, again = overlap.merged_compute(compute), overlap.merged_compute(shuffled)
     assert merged.keys() == again.keys()
     for rank, arrays in merged.items():
         assert all(np.array_equal(a, b) for a, b in zip(arrays, again[rank], strict=True))
-    assert poor_overlap.comm_overlap(run, 2, shuffled) == fast
+    assert overlap.comm_overlap(run, 2, shuffled) == fast
 
 
 def test_steps_and_ranks_windows(tmp_path: Path) -> None:

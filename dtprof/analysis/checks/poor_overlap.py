@@ -28,10 +28,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 
 from dtprof.analysis.arrivals import last_arrival_shares
-from dtprof.analysis.columns import group_sum, groups, is_null, rows, values, warmup_steps
+from dtprof.analysis.columns import group_sum, groups, rows, values, warmup_steps
+from dtprof.analysis.overlap import comm_overlap
 from dtprof.analysis.report import Finding
 from dtprof.analysis.summarize import COMPUTE_PHASES, RunSummary
 
@@ -40,157 +40,6 @@ ERROR_EXPOSED = 0.50
 # what a model's communication can run under, where the wrapper says how it communicates: DDP
 # reduces buckets as backward makes them, FSDP gathers and scatters around forward and backward
 HIDING = {"ddp": ("backward",), "fsdp2": ("forward", "backward")}
-
-
-def transfer_intervals(run: RunSummary, first_step: int) -> dict[int, list[np.ndarray]]:
-    """Per rank, the [start, end] ns arrays of its collectives' transfers from first_step on.
-
-    A transfer starts when the last member entered. Only collectives every member of the group
-    recorded count: with a member missing (a --ranks subset, a stopped rank) waiting cannot be
-    told from transfer. p2p is left out.
-    """
-    out: dict[int, list[np.ndarray]] = {}
-    for g in run.matched:
-        keep = g.complete & (g.step >= first_step)
-        if not keep.any():
-            continue
-        start = g.start[keep].max(axis=1)
-        end = np.maximum(start[:, None], g.end[keep])
-        for col, rank in enumerate(g.ranks):
-            out.setdefault(int(rank), []).append(np.stack([start, end[:, col]]))
-    return out
-
-
-def intervals_by_rank(table: pa.Table) -> dict[int, list[np.ndarray]]:
-    """A table's rank, start_ns, end_ns as transfer_intervals gives them (ranks ascending)."""
-    ranks, spans = _spans_by_rank(table)
-    distinct = np.unique(ranks)
-    lo, hi = np.searchsorted(ranks, distinct), np.searchsorted(ranks, distinct, side="right")
-    return {int(r): [spans[:, a:b]] for r, a, b in zip(distinct, lo, hi, strict=True)}
-
-
-def _spans_by_rank(table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
-    """A table's ranks, sorted, and its [start_ns, end_ns] as a (2, n) array in their order
-    (each rank's rows in the table's order); rows that never ended left out."""
-    table = _ended(table)
-    ranks = values(table, "rank")
-    order = np.argsort(ranks, kind="stable")
-    spans = np.stack([values(table, "start_ns", np.int64), values(table, "end_ns", np.int64)])
-    return ranks[order], spans[:, order]
-
-
-def _ended(table: pa.Table) -> pa.Table:
-    """The rows with an end (a rank stopped inside a span leaves its end null)."""
-    return rows(table, ~is_null(table, "end_ns"))
-
-
-def covered(comm: np.ndarray, compute: np.ndarray) -> tuple[int, int]:
-    """ns covered by the union of comm intervals, and ns of it inside compute intervals.
-
-    Both are (2, n) arrays of [start, end]; one sorted sweep over their edges.
-    """
-    t = np.concatenate([comm[0], comm[1], compute[0], compute[1]])
-    nc, np_ = comm.shape[1], compute.shape[1]
-    dcomm = np.concatenate([np.ones(nc), -np.ones(nc), np.zeros(2 * np_)]).astype(np.int32)
-    dcomp = np.concatenate([np.zeros(2 * nc), np.ones(np_), -np.ones(np_)]).astype(np.int32)
-    order = np.argsort(t, kind="stable")
-    t = t[order]
-    comm_on = np.cumsum(dcomm[order])[:-1] > 0
-    comp_on = np.cumsum(dcomp[order])[:-1] > 0
-    dt = np.diff(t)
-    return int(dt[comm_on].sum()), int(dt[comm_on & comp_on].sum())
-
-
-def overlap_per_rank(
-    comm: dict[int, list[np.ndarray]], compute: pa.Table
-) -> dict[int, tuple[int, int]]:
-    """Per rank (comm's order): communication ns (union) and the ns of it during compute."""
-    ranks, spans = _spans_by_rank(compute)
-    out = {}
-    for rank, parts in comm.items():
-        lo, hi = np.searchsorted(ranks, rank), np.searchsorted(ranks, rank, side="right")
-        out[rank] = covered(np.concatenate(parts, axis=1), spans[:, lo:hi])
-    return out
-
-
-RANKS_PER_BLOCK = 128  # matrix columns swept at once: bounds the temporaries' memory
-
-
-def merged_compute(compute: pa.Table) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """Per rank, its compute spans merged into sorted disjoint [start, end), with the compute
-    time before each one (prefix sums): what compute_before needs. Spans that never ended are
-    left out."""
-    compute = _ended(compute)
-    ranks = values(compute, "rank")
-    starts, ends = values(compute, "start_ns", np.int64), values(compute, "end_ns", np.int64)
-    step = np.diff(ranks)
-    if not ((step >= 0).all() and ((step > 0) | (np.diff(starts) >= 0)).all()):
-        order = np.lexsort((starts, ranks))  # stable: rows already in order stay in place
-        ranks, starts, ends = ranks[order], starts[order], ends[order]
-    out: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-    if not len(ranks):
-        return out
-    cuts = np.flatnonzero(np.diff(ranks)) + 1
-    for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, len(ranks)], strict=True):
-        s, e = starts[lo:hi], ends[lo:hi]
-        reach = np.maximum.accumulate(e)
-        first = np.flatnonzero(np.r_[True, s[1:] > reach[:-1]])
-        ms, me = s[first], np.maximum.reduceat(reach, first)
-        out[int(ranks[lo])] = (ms, me, np.r_[0, np.cumsum(me - ms)])
-    return out
-
-
-def compute_before(merged: tuple[np.ndarray, np.ndarray, np.ndarray], t: np.ndarray) -> np.ndarray:
-    """ns of compute before each time t, from merged_compute's arrays."""
-    ms, me, prefix = merged
-    j = np.searchsorted(ms, t, side="right")
-    last_end = me[np.maximum(j - 1, 0)]
-    return prefix[j] - np.where(j > 0, np.maximum(last_end - t, 0), 0)
-
-
-def comm_overlap(run: RunSummary, first_step: int, compute: pa.Table) -> dict[int, tuple[int, int]]:
-    """Per rank: communication ns (the union of its transfers) and the ns of it during compute.
-
-    Vectorized over the ranks of a group: a transfer starts when the group's last member
-    entered, the same moment for every member, so the rows are sorted once and each member's
-    union is a running maximum down its column; the compute under each union piece is a
-    difference of compute_before. A rank in several groups is swept on its own.
-    """
-    unions = merged_compute(compute)
-    matched = [g for g in run.matched if (g.complete & (g.step >= first_step)).any()]
-    members = np.concatenate([g.ranks for g in matched]) if matched else np.zeros(0, np.int64)
-    member, memberships = np.unique(members, return_counts=True)
-    alone = set(member[memberships == 1].tolist())
-    out: dict[int, tuple[int, int]] = {}
-    for g in matched:
-        keep = g.complete & (g.step >= first_step)
-        start = g.start.max(axis=1)[keep]
-        order = np.argsort(start, kind="stable")
-        start = start[order]
-        rows_in_order = np.flatnonzero(keep)[order]
-        for lo in range(0, len(g.ranks), RANKS_PER_BLOCK):
-            block = range(lo, min(lo + RANKS_PER_BLOCK, len(g.ranks)))
-            cols = [c for c in block if int(g.ranks[c]) in alone]
-            if not cols:
-                continue
-            end = np.maximum(start[:, None], g.end[np.ix_(rows_in_order, np.array(cols))])
-            reach = np.maximum.accumulate(end, axis=0)
-            # piece i of the union: from where the earlier ones reached (or its start) to its end
-            before = np.vstack([np.full((1, len(cols)), start[0]), reach[:-1]])
-            piece_lo = np.maximum(start[:, None], before)
-            piece_hi = np.maximum(end, piece_lo)
-            for i, c in enumerate(cols):
-                rank = int(g.ranks[c])
-                a, b = piece_lo[:, i], piece_hi[:, i]
-                inside = 0
-                if rank in unions:
-                    under = compute_before(unions[rank], b) - compute_before(unions[rank], a)
-                    inside = int(under.sum())
-                out[rank] = (int((b - a).sum()), inside)
-    if len(alone) < len(member):
-        spread = {r: p for r, p in transfer_intervals(run, first_step).items() if r not in alone}
-        out.update(overlap_per_rank(spread, compute))
-    return out
 
 
 def check(run: RunSummary) -> list[Finding]:
