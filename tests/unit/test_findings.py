@@ -284,6 +284,26 @@ def test_the_same_share_of_a_few_steps_is_no_straggler(tmp_path: Path) -> None:
     assert [f.code for f in analyze(tmp_path).findings] == []
 
 
+def _slow_from_step_8(rank: int, step: int) -> float:
+    """Rank 2: 3% slower all along, 20% from step 8, then 6% from step 18 on."""
+    if rank != 2:
+        return 20.0
+    return 20.0 * (1.03 if step < 8 else 1.20 if step < 18 else 1.06)
+
+
+def test_the_onset_is_where_the_rank_became_slow_not_where_its_excess_fell(
+    tmp_path: Path,
+) -> None:
+    """Its compute splits best at step 18 (20% before, 6% after), which says nothing of when it
+    became slow; of the splits with a level before nearer the others' than after, step 8 is
+    the best."""
+    from tests.unit.test_analyze import _ddp_steps
+
+    _ddp_steps(tmp_path, 4, 40, _slow_from_step_8)
+    (finding,) = analyze(tmp_path).findings
+    assert (finding.code, finding.ranks, finding.first_step) == ("straggler", [2], 8)
+
+
 def test_the_chance_of_holding_the_others_up_is_a_binomial_tail() -> None:
     # 4 ranks: P(X >= 9 of 10) = 10 x 0.25^9 x 0.75 + 0.25^10, times 4
     assert _chance_held(9, 10, 4) == pytest.approx(4 * (10 * 0.25**9 * 0.75 + 0.25**10))

@@ -145,35 +145,50 @@ def _slowdown(steps: pa.Table, rank: int) -> float:
 def _onset(
     steps: pa.Table, culprit_steps: np.ndarray, step_culprit: np.ndarray, suspect: int
 ) -> int:
-    """The step a chronic straggler became slow: where its compute over the step's median
-    splits best into a level before, nearer the others' than its own after, and that level;
-    where that fails (a few percent of excess is within a step's jitter, and a rank may have
-    been a little slower all along), where the share of steps it held the others up in splits
-    best into at most half and the rest; else the first analysed step. Either way at least half
-    of the steps it held the others up in come after it: that is the evidence it is chronic."""
+    """The step a chronic straggler became slow: of the steps with at least half of those it
+    held the others up in from there on (the evidence it is chronic), the one where its compute
+    over the step's median splits best into a level before, nearer the others' than its own
+    after, and that level; where none does (a few percent of excess is within a step's jitter,
+    and a rank may have been a little slower all along), the one where the share of steps it
+    held the others up in splits best into at most half and the rest; else the first analysed
+    step."""
     held = (step_culprit == suspect).astype(np.float64)
     step_no, rank_no, compute = _compute_matrix(steps)
     col = np.searchsorted(rank_no, suspect)
     with np.errstate(all="ignore"):
         excess = compute[:, col] / np.nanmedian(compute, axis=1) - 1
     known = ~np.isnan(excess)
-    at = _split(excess[known], lambda before, after: before < after / 2)
-    if at is not None and _most_held_after(culprit_steps, held, int(step_no[known][at])):
-        return int(step_no[known][at])
-    at = _split(held, lambda before, after: before <= after / 2)
-    if at is not None and _most_held_after(culprit_steps, held, int(culprit_steps[at])):
-        return int(culprit_steps[at])
-    return int(culprit_steps[0])
+    candidates = step_no[known]
+    at = _split(
+        excess[known],
+        lambda before, after, k: (
+            (before < after / 2) & _most_held_after(culprit_steps, held, candidates[k])
+        ),
+    )
+    if at is not None:
+        return int(candidates[at])
+    at = _split(
+        held,
+        lambda before, after, k: (
+            (before <= after / 2) & _most_held_after(culprit_steps, held, culprit_steps[k])
+        ),
+    )
+    return int(culprit_steps[at if at is not None else 0])
 
 
-def _most_held_after(culprit_steps: np.ndarray, held: np.ndarray, step: int) -> bool:
-    """Whether at least half of the steps a rank held the others up in are from ``step`` on."""
-    return float(held[culprit_steps >= step].sum()) >= float(held[culprit_steps < step].sum())
+def _most_held_after(culprit_steps: np.ndarray, held: np.ndarray, steps: np.ndarray) -> np.ndarray:
+    """For each step, whether at least half of the steps a rank held the others up in are from
+    it on (culprit_steps ascending)."""
+    before = np.r_[0.0, np.cumsum(held)][np.searchsorted(culprit_steps, steps)]
+    return held.sum() - before >= before
 
 
-def _split(x: np.ndarray, accept: Callable[[float, float], bool]) -> int | None:
+def _split(
+    x: np.ndarray, admits: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
+) -> int | None:
     """The index where x splits best (least squares) into a level before and one after (at
-    least ONSET_STEPS before, MIN_STEPS after), if accept(level before, level after)."""
+    least ONSET_STEPS before, MIN_STEPS after), of the splits k that admits(mean before, mean
+    after, k) takes; None where it takes none."""
     if len(x) < MIN_STEPS + ONSET_STEPS:
         return None
     total, square, n = np.cumsum(x), np.cumsum(x**2), np.arange(1, len(x) + 1)
@@ -184,8 +199,9 @@ def _split(x: np.ndarray, accept: Callable[[float, float], bool]) -> int | None:
         square[-1] - square[k - 1],
         n[-1] - n[k - 1],
     )
-    best = int(k[np.argmin(before_sse + after_sq - after_sum**2 / after_n)])
-    return best if accept(float(np.mean(x[:best])), float(np.mean(x[best:]))) else None
+    sse = before_sse + after_sq - after_sum**2 / after_n
+    ok = admits(total[k - 1] / n[k - 1], after_sum / after_n, k)
+    return int(k[ok][np.argmin(sse[ok])]) if ok.any() else None
 
 
 def _step_culprits(arr: Arrivals) -> tuple[np.ndarray, np.ndarray]:
