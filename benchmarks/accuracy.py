@@ -156,8 +156,9 @@ KINDS = (
         onset=(4, 18),
         early=2,
         late=2,
-        # the leak is in the data loader: making and keeping its batches takes time there
-        consequences=("data-stall",),
+        # the leak is in the data loader: making and keeping its batches takes time there, and
+        # the growing heap slows the rank's compute too (the report ties both to the leak)
+        consequences=("data-stall", "straggler"),
     ),
     Kind(
         "loss-spike",

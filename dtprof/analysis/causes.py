@@ -62,6 +62,17 @@ def _stall_of_leak(cause: Finding, then: Finding) -> bool:
     )
 
 
+def _slowed_by_leak(cause: Finding, then: Finding) -> bool:
+    """A rank slow from where its memory began to grow, or later: a growing heap slows what runs
+    beside it (the allocator, the collector over what is kept, page faults)."""
+    return (
+        set(then.ranks) <= set(cause.ranks)
+        and cause.first_step is not None
+        and then.first_step is not None
+        and then.first_step >= cause.first_step
+    )
+
+
 # (cause code, consequence code, the rule that ties a pair), tried in this order
 RULES: list[tuple[str, str, Rule]] = [
     ("rank-stopped", "rank-stopped", _peer_lost),
@@ -70,6 +81,7 @@ RULES: list[tuple[str, str, Rule]] = [
     ("non-finite", "replica-divergence", _diverged_after_non_finite),
     ("slow-stage", "pipeline-bubble", _bubble_of_slow_stage),
     ("memory-growth", "data-stall", _stall_of_leak),
+    ("memory-growth", "straggler", _slowed_by_leak),
 ]
 
 

@@ -329,3 +329,21 @@ def test_samples_list_their_consequences_under_the_cause(
     ((root, under),) = report.by_cause()
     assert {"code": root.code, "ranks": root.ranks} == cause
     assert [(f.code, f.caused_by) for f in under] == [(consequence, cause)]
+
+
+def test_a_leaking_rank_slow_from_where_its_memory_grew_is_listed_under_the_leak() -> None:
+    from dtprof.analysis.causes import link
+    from dtprof.analysis.report import Finding
+
+    def finding(code: str, rank: int, first: int) -> Finding:
+        return Finding(code, "warning", [rank], first, 79, code, "")
+
+    growth = finding("memory-growth", 3, 17)
+    slow_after, slow_before, other = (
+        finding("straggler", 3, 28),
+        finding("straggler", 3, 10),
+        finding("straggler", 2, 28),
+    )
+    assert link([slow_after, growth])[0].caused_by == {"code": "memory-growth", "ranks": [3]}
+    assert link([slow_before, growth])[0].caused_by is None  # slow before it grew: its own
+    assert link([other, growth])[0].caused_by is None  # another rank
