@@ -76,14 +76,16 @@ def test_balanced_stages_give_no_slow_stage(tmp_path: Path) -> None:
     assert "slow-stage" not in {f.code for f in analyze(tmp_path).findings}
 
 
-def _ddp_exposed(trace: Path, backward_ms: float, comm_ms: float, buckets: int) -> None:
+def _ddp_exposed(
+    trace: Path, backward_ms: float, comm_ms: float, buckets: int, steps: int = 20
+) -> None:
     """2 DDP ranks: backward, then their buckets all-reduced one after another after it."""
     step_ms = 2 + backward_ms + comm_ms + 1
     for rank in range(2):
         rows: dict[str, list[tuple]] = {"steps": [], "spans": [], "collectives": []}
         rows["groups"] = [("0", "gloo", [0, 1])]
         seq = 0
-        for step in range(20):
+        for step in range(steps):
             t0 = step * step_ms
             rows["steps"].append((step, int(t0 * MS), int((t0 + step_ms) * MS)))
             bwd = (t0 + 2, t0 + 2 + backward_ms)
@@ -121,6 +123,14 @@ def test_poor_overlap_suggests_smaller_buckets_only_where_one_bucket_holds_most(
     _ddp_exposed(tmp_path / "four", backward_ms=20.0, comm_ms=10.0, buckets=4)
     (finding,) = analyze(tmp_path / "four").findings
     assert finding.code == "poor-overlap" and "4 buckets" in finding.suggestion
+
+
+def test_a_job_stopped_after_a_few_steps_says_nothing_of_its_overlap(tmp_path: Path) -> None:
+    """Three steps, two of them warm-up: one step's exposure is no evidence of how it overlaps."""
+    _ddp_exposed(tmp_path / "short", backward_ms=20.0, comm_ms=10.0, buckets=1, steps=3)
+    assert analyze(tmp_path / "short").findings == []
+    _ddp_exposed(tmp_path / "enough", backward_ms=20.0, comm_ms=10.0, buckets=1, steps=7)
+    assert [f.code for f in analyze(tmp_path / "enough").findings] == ["poor-overlap"]
 
 
 def test_a_loss_spike_early_in_training_is_found(tmp_path: Path) -> None:

@@ -12,7 +12,8 @@ last_arrival_shares). The rank that arrives last decides when a transfer runs; a
 waits for a late one sees every transfer after its own compute has ended, exposed because of
 the straggler, not because the job cannot overlap. Flagged at >= 25% (warning; >= 50%: error),
 on the ranks exposed at least that much that arrived last at some collective. The first steps
-(10%, at least 2) are skipped.
+(10%, at least 2) are skipped, and at least MIN_STEPS must remain: the exposure of a step or
+two (a job that stopped early) says nothing of how the job overlaps.
 
 Not all exposure is overlap's to fix. For DDP (buckets reduced under backward) and FSDP
 (gathers and scatters under forward and backward), communication at least as long as the
@@ -37,6 +38,7 @@ from dtprof.analysis.summarize import COMPUTE_PHASES, RunSummary
 
 WARN_EXPOSED = 0.25
 ERROR_EXPOSED = 0.50
+MIN_STEPS = 5  # analysed steps at least, as straggler asks
 # what a model's communication can run under, where the wrapper says how it communicates: DDP
 # reduces buckets as backward makes them, FSDP gathers and scatters around forward and backward
 HIDING = {"ddp": ("backward",), "fsdp2": ("forward", "backward")}
@@ -45,7 +47,10 @@ HIDING = {"ddp": ("backward",), "fsdp2": ("forward", "backward")}
 def check(run: RunSummary) -> list[Finding]:
     if not (run.collectives.num_rows and run.phases.num_rows and run.steps.num_rows):
         return []
-    skip = warmup_steps(values(run.steps, "step"))
+    step = values(run.steps, "step")
+    skip = warmup_steps(step)
+    if len(np.unique(step[step >= skip])) < MIN_STEPS:
+        return []
     compute = rows(run.phases, values(run.phases, "step") >= skip)
     per = comm_overlap(run, skip, compute.select(["rank", "start_ns", "end_ns"]))
     if not per:
