@@ -22,14 +22,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dtprof.cache import native_root
+from dtprof.cache import native_off, native_root
 from dtprof.errors import DtprofError
 
 SOURCE = Path(__file__).with_name("buckets.cpp")
 NAME = "dtprof_native"
 SLOTS = 64  # watched groups at most (kSlots in buckets.cpp)
 FIELDS = 11  # a record's columns (kFields, Record in buckets.cpp)
-OFF_VALUES = {"0", "off", "no", "false"}
 
 _loaded: Native | None = None
 _lock = threading.Lock()
@@ -94,7 +93,7 @@ def build(verbose: bool = False) -> Path:
 def load() -> tuple[Native | None, str]:
     """(the loaded kernel, "") or (None, why not): never raises."""
     global _loaded
-    if os.environ.get("DTPROF_NATIVE", "").strip().lower() in OFF_VALUES:
+    if native_off():
         return None, "off (DTPROF_NATIVE=0)"
     with _lock:
         if _loaded is not None:

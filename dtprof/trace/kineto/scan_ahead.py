@@ -21,22 +21,17 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from dtprof.cache import native_off
 from dtprof.trace.kineto.cache import cached
 from dtprof.trace.kineto.files import KINETO_SUFFIXES, trace_files
 from dtprof.trace.layout import has_rank_dirs
 
-OFF_VALUES = {"0", "off", "no", "false"}
 WAITING_AT_MOST = 6  # scans not taken yet: about 9 MB each (a V100 rank)
-
-
-def off() -> bool:
-    """Whether ``DTPROF_NATIVE=0`` (or off, no, false) leaves the native reader unused."""
-    return os.environ.get("DTPROF_NATIVE", "").strip().lower() in OFF_VALUES
 
 
 def native_reader() -> tuple[ModuleType | None, str]:
     """(the native reader's module, "") or (None, why not): built at install, or not."""
-    if off():
+    if native_off():
         return None, "off (DTPROF_NATIVE=0)"
     try:
         return importlib.import_module("dtprof.trace.kineto._scan"), ""
@@ -124,7 +119,7 @@ def start(path: str | os.PathLike[str], even_if_cached: bool = False) -> ScanAhe
     global _running
     try:
         p = Path(path)
-        if off() or not p.exists():
+        if native_off() or not p.exists():
             return None
         if p.is_dir() and has_rank_dirs(p):
             return None  # a dtprof trace
