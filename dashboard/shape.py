@@ -96,11 +96,28 @@ def _thin(lines: pd.DataFrame, max_points: int = MAX_POINTS) -> pd.DataFrame:
     return lines[lines["step"].isin(keep)].reset_index(drop=True)
 
 
-def rank_bins(ranks: pd.Series, max_bins: int = MAX_RANK_BINS) -> pd.Series:
-    """A label per rank, ranks grouped into at most max_bins consecutive bins (``r`` or ``a-b``)."""
-    which, lo, hi = _bins(ranks.to_numpy(np.int64), max_bins)
+def rank_bars(
+    per_rank: pd.DataFrame, columns: list[str], max_bins: int = MAX_RANK_BINS
+) -> pd.DataFrame:
+    """label and each column's mean per bar, from one row per rank: the ranks grouped into at
+    most max_bins bars of consecutive ranks (labelled ``r`` or ``a-b``)."""
+    which, lo, hi = _bins(per_rank["rank"].to_numpy(np.int64), max_bins)
     labels = np.array([f"{a}" if a == b else f"{a}-{b}" for a, b in zip(lo, hi, strict=True)])
-    return pd.Series(labels[which], index=ranks.index)
+    out = per_rank[columns].groupby(labels[which], sort=False).mean()
+    return out.rename_axis("label").reset_index()
+
+
+def step_bars(band: pd.DataFrame, max_bins: int = MAX_STEP_BINS) -> pd.DataFrame:
+    """step, min_ms, median_ms, max_ms, one row per step, as at most max_bins rows of
+    consecutive steps (each at its first step): the least of the minima, the median of the
+    medians, the most of the maxima."""
+    if len(band) <= max_bins:
+        return band.reset_index(drop=True)
+    which = np.arange(len(band)) * max_bins // len(band)
+    binned = band.groupby(which).agg(
+        {"step": "first", "min_ms": "min", "median_ms": "median", "max_ms": "max"}
+    )
+    return binned.reset_index(drop=True)
 
 
 def window(df: pd.DataFrame, steps: tuple[int | None, int | None]) -> pd.DataFrame:

@@ -12,8 +12,9 @@ from dashboard import figures, measures
 from dashboard.components import graph, note, window_controls
 from dashboard.links import parse_ranks, parse_steps
 from dashboard.rundata import RunData
-from dashboard.shape import MAX_POINTS, MAX_RANK_BINS, only_ranks, rank_bins, window
+from dashboard.shape import MAX_POINTS, only_ranks, rank_bars, window
 from dashboard.source import Snapshot
+from dtprof.analysis.measures import op_bandwidth, rank_overlap
 
 PATH = "/communication"
 TITLE = "Communication"
@@ -24,18 +25,8 @@ Window = tuple[int | None, int | None]
 
 def overlap(data: RunData, ranks: list[int] | None, steps: Window = (None, None)) -> pd.DataFrame:
     """label, overlap_fraction, exposed_fraction per rank (ranks binned by the mean)."""
-    per = only_ranks(window(measures.rank_steps(data), steps), ranks)
-    per = per.groupby("rank")[["comm_ns", "overlap_ns", "step_ns"]].sum()
-    per = per[per["comm_ns"] > 0]
-    per["overlap_fraction"] = per["overlap_ns"] / per["comm_ns"]
-    per["exposed_fraction"] = (per["comm_ns"] - per["overlap_ns"]) / per["step_ns"]
-    per = per.reset_index()
-    per["label"] = rank_bins(per["rank"], MAX_RANK_BINS)
-    return (
-        per.groupby("label", sort=False)[["overlap_fraction", "exposed_fraction"]]
-        .mean()
-        .reset_index()
-    )
+    per = rank_overlap(only_ranks(window(measures.rank_steps(data), steps), ranks))
+    return rank_bars(per, ["overlap_fraction", "exposed_fraction"])
 
 
 def skew(data: RunData, steps: Window = (None, None), max_points: int = MAX_POINTS) -> pd.DataFrame:
@@ -65,7 +56,8 @@ def skew(data: RunData, steps: Window = (None, None), max_points: int = MAX_POIN
 
 def ops(data: RunData, steps: Window = (None, None)) -> pd.DataFrame:
     """op, mib_per_step (per rank), gbps, hover."""
-    o = measures.per_op(data, steps)
+    per, sample = measures.op_records(data)
+    o = op_bandwidth(window(per, steps), window(sample, steps))
     rank_steps = max(len(window(data.steps, steps)), 1)
     o["mib_per_step"] = o["bytes"] / rank_steps / 2**20
     o["hover"] = (

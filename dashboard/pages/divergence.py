@@ -18,7 +18,7 @@ from dashboard.rundata import RunData
 from dashboard.shape import band, grid, only_ranks
 from dashboard.source import Snapshot
 from dtprof.analysis.columns import distinct
-from dtprof.analysis.fingerprints import odd_ranks
+from dtprof.analysis.fingerprints import odd_counts
 
 PATH = "/divergence"
 TITLE = "Divergence"
@@ -59,12 +59,7 @@ def fingerprint_grid(data: RunData, ranks: list[int] | None) -> pd.DataFrame:
     fp = data.run.fingerprints
     if ranks is not None and fp.num_rows:
         fp = fp.filter(pc.is_in(fp.column("rank"), pa.array(ranks, fp.schema.field("rank").type)))
-    if not fp.num_rows:
-        return pd.DataFrame(columns=["rank", "step", "value"])
-    odd = odd_ranks(fp).select(["rank", "step"]).to_pandas()
-    counts = odd.groupby(["rank", "step"]).size()
-    every = pd.MultiIndex.from_frame(fp.select(["rank", "step"]).to_pandas().drop_duplicates())
-    return counts.reindex(every, fill_value=0).rename("value").reset_index()
+    return odd_counts(fp).to_pandas().rename(columns={"tensors": "value"})
 
 
 def update(

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import pandas as pd
 from dash import Dash, Input, Output, html
 
 from dashboard import figures
 from dashboard.components import finding_card, graph, note
 from dashboard.rundata import RunData
-from dashboard.shape import MAX_RANK_BINS, MAX_STEP_BINS, rank_bins
+from dashboard.shape import MAX_RANK_BINS, MAX_STEP_BINS, rank_bars, step_bars
 from dashboard.source import Snapshot
+from dtprof.analysis import measures
 from dtprof.analysis.report import Report, severity_rank
 
 PATH = "/"
@@ -20,44 +20,35 @@ TITLE = "Overview"
 
 
 def headline(data: RunData) -> dict[str, Any]:
-    """Ranks, steps, median step time and its split, from the per-step table."""
+    """Ranks, steps, median step time and its split (measures.typical_step)."""
     steps = data.steps
     out: dict[str, Any] = {"ranks": len(data.ranks), "steps": int(steps["step"].nunique())}
     if steps.empty:
         return out
-    per = steps.groupby("rank")[["step_ns", "compute_ns", "data_ns"]].median() / 1e6
-    step_ms = float(per["step_ns"].median())
-    out["step_ms"] = step_ms
-    for name in ("compute_ns", "data_ns"):
-        value = per[name].median()
-        out[name.replace("_ns", "_share")] = None if pd.isna(value) else float(value) / step_ms
-    return out
+    step_ns, shares = measures.typical_step(steps)
+    return out | {"step_ms": step_ns / 1e6} | shares
 
 
 def step_band(steps: pd.DataFrame, max_bins: int = MAX_STEP_BINS) -> pd.DataFrame:
     """step, min_ms, median_ms, max_ms across ranks; long runs binned (min of min, max of max)."""
-    per = steps.groupby("step")["step_ns"].agg(["min", "median", "max"]) / 1e6
-    if len(per) > max_bins:
-        which = np.arange(len(per)) * max_bins // len(per)
-        per = (
-            per.groupby(which)
-            .agg({"min": "min", "median": "median", "max": "max"})
-            .set_index(per.index.to_numpy()[np.unique(which, return_index=True)[1]])
-        )
-    per.columns = ["min_ms", "median_ms", "max_ms"]
-    return per.rename_axis("step").reset_index()
+    spread = measures.step_spread(steps)
+    ms = spread[["min_ns", "median_ns", "max_ns"]] / 1e6
+    ms.columns = ["min_ms", "median_ms", "max_ms"]
+    return step_bars(pd.concat([spread[["step"]], ms], axis=1), max_bins)
 
 
 def time_split(steps: pd.DataFrame, max_bins: int = MAX_RANK_BINS) -> pd.DataFrame:
     """label, compute_ms, data_ms, other_ms: per rank medians, ranks binned by the mean."""
-    per = steps.groupby("rank")[["step_ns", "compute_ns", "data_ns"]].median() / 1e6
-    per = per.fillna({"compute_ns": 0.0, "data_ns": 0.0})
-    per["other_ns"] = (per["step_ns"] - per["compute_ns"] - per["data_ns"]).clip(lower=0)
-    per = per.reset_index()
-    per["label"] = rank_bins(per["rank"], max_bins)
-    out = per.groupby("label", sort=False)[["compute_ns", "data_ns", "other_ns"]].mean()
-    out.columns = ["compute_ms", "data_ms", "other_ms"]
-    return out.reset_index()
+    per = measures.rank_medians(steps)
+    ms = pd.DataFrame(
+        {
+            "rank": per["rank"],
+            "compute_ms": per["compute_ns"].fillna(0.0) / 1e6,
+            "data_ms": per["data_ns"].fillna(0.0) / 1e6,
+        }
+    )
+    ms["other_ms"] = (per["step_ns"] / 1e6 - ms["compute_ms"] - ms["data_ms"]).clip(lower=0)
+    return rank_bars(ms, ["compute_ms", "data_ms", "other_ms"], max_bins)
 
 
 def _cards(head: dict[str, Any], snap: Snapshot) -> html.Div:

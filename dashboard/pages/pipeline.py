@@ -12,7 +12,7 @@ from dash import Dash, Input, Output, dcc, html
 from dashboard import figures, timecharts
 from dashboard.components import graph, note, text_input
 from dashboard.rundata import RunData
-from dashboard.shape import MAX_RANK_BINS, rank_bins
+from dashboard.shape import rank_bars
 from dashboard.source import Snapshot
 from dtprof.analysis.columns import rows, values, warmup_steps
 from dtprof.analysis.pipeline import idle_gaps, idle_share_by_rank, schedule_bubble
@@ -72,9 +72,7 @@ def idle_share(data: RunData) -> pd.DataFrame:
     ranks, share = idle_share_by_rank(
         rows(actions, values(actions, "step") >= skip), rows(steps, values(steps, "step") >= skip)
     )
-    per = pd.DataFrame({"rank": ranks, "idle_fraction": share})
-    per["label"] = rank_bins(per["rank"], MAX_RANK_BINS)
-    return per.groupby("label", sort=False)["idle_fraction"].mean().reset_index()
+    return rank_bars(pd.DataFrame({"rank": ranks, "idle_fraction": share}), ["idle_fraction"])
 
 
 def update(snap: Snapshot, step_text: str | None) -> list[go.Figure]:

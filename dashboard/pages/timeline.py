@@ -1,6 +1,6 @@
 """Timeline: per-rank lanes of phases, regions and collectives for a window of steps.
 
-Each collective is joined across the ranks shown, so the last to arrive stands out.
+Each collective is joined across the ranks shown, and the last of all ranks to arrive stands out.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from dash import Dash, Input, Output, html
 
-from dashboard import figures, timecharts
+from dashboard import figures, measures, timecharts
 from dashboard.components import graph, note, window_controls
 from dashboard.links import format_ranks, format_steps, parse_ranks, parse_steps
 from dashboard.rundata import RunData
@@ -76,7 +76,7 @@ def bars(
         + " ms"
     )
     cols = ["y", "name", "color", "start_ms", "end_ms", "width", "hover"]
-    links = _links(coll_all, coll, row, t0)
+    links = _links(window(measures.arrival_skew(data), steps), coll, row, t0)
     return frame[cols].head(MAX_BARS), links, t0
 
 
@@ -87,26 +87,20 @@ def _plain(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _links(
-    coll_all: pd.DataFrame, coll: pd.DataFrame, row: dict[int, int], t0: float
+    arrivals: pd.DataFrame, coll: pd.DataFrame, row: dict[int, int], t0: float
 ) -> pd.DataFrame:
-    """Entry points of each group collective on the shown ranks; the last arriver of all ranks."""
-    groupwise = coll[coll["peer"].isna()]
-    if groupwise.empty:
+    """Entry points of each complete group collective on the shown ranks, the last to arrive
+    of all ranks marked (arrivals: measures.arrival_skew)."""
+    groupwise = coll[coll["peer"].isna()][["rank", "group", "seq", "op", "start_ns"]]
+    g = groupwise.merge(arrivals[["group", "seq", "skew_ns", "last_rank"]], on=["group", "seq"])
+    if g.empty:
         return pd.DataFrame(columns=["key", "y", "t_ms", "is_last", "hover"])
-    last = (
-        coll_all[coll_all["peer"].isna()]
-        .groupby(["group", "seq"])["start_ns"]
-        .max()
-        .rename("last_ns")
-    )
-    g = groupwise.join(last, on=["group", "seq"])
-    wait = (g["last_ns"] - g["start_ns"]) / 1e6
     return pd.DataFrame(
         {
             "key": g["group"].astype(str) + ":" + g["seq"].astype(str),
             "y": g["rank"].map(row) + 0.25,
             "t_ms": (g["start_ns"] - t0) / 1e6,
-            "is_last": (g["start_ns"] == g["last_ns"]).to_numpy(),
+            "is_last": (g["rank"] == g["last_rank"]).to_numpy(),
             "hover": "rank "
             + g["rank"].astype(str)
             + " entered "
@@ -114,7 +108,7 @@ def _links(
             + " #"
             + g["seq"].astype(str)
             + " last; the others waited up to "
-            + wait.groupby([g["group"], g["seq"]]).transform("max").round(2).astype(str)
+            + (g["skew_ns"] / 1e6).round(2).astype(str)
             + " ms",
         }
     )

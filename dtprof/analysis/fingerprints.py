@@ -29,3 +29,21 @@ def odd_ranks(fingerprints: pa.Table) -> pa.Table:
     odd = np.zeros(f.num_rows, bool)
     odd[keyed] = (size < majority[place])[inverse]
     return rows(f, odd)
+
+
+def odd_counts(fingerprints: pa.Table) -> pa.Table:
+    """rank, step, tensors: for each rank and step with fingerprints, how many of its tensors
+    differ from the majority's (0 where none); rows without a step are left out."""
+    f = rows(fingerprints, ~is_null(fingerprints, "step"))
+    odd = odd_ranks(f)
+    step = values(f, "step", np.int64)
+    low, span = (int(step.min()), int(np.ptp(step)) + 1) if len(step) else (0, 1)
+
+    def cell(t: pa.Table) -> np.ndarray:
+        return values(t, "rank", np.int64) * span + values(t, "step", np.int64) - low
+
+    cells = np.unique(cell(f))
+    tensors = np.bincount(np.searchsorted(cells, cell(odd)), minlength=len(cells))
+    return pa.table(
+        {"rank": cells // span, "step": cells % span + low, "tensors": tensors.astype(np.int64)}
+    )

@@ -1,7 +1,8 @@
-"""Measures per rank x step and per collective, unreduced, for the dashboard to draw.
+"""Measures per rank x step and per collective for the dashboard to draw, and their reductions
+per rank, per step and per operation over the steps a page shows.
 
-The checks reduce these to findings; the dashboard shows them as they are (per step, per
-collective), from the same primitives: ``RunSummary.matched`` pairs each collective across
+The checks reduce these to findings; the dashboard shows them (per step, per collective, per
+rank), from the same primitives: ``RunSummary.matched`` pairs each collective across
 ranks (a seq x member matrix per group), a transfer starts when the last member entered
 (``dtprof.analysis.overlap``, as poor-overlap reads it), the waiting before it is charged to
 the last. The sweeps go through the members a block of ranks
@@ -189,3 +190,56 @@ def op_records(run: RunSummary) -> tuple[pd.DataFrame, pd.DataFrame]:
         }
     )
     return per, sample
+
+
+STEP_TIMES = ["step_ns", "compute_ns", "data_ns"]
+
+
+def rank_medians(steps: pd.DataFrame) -> pd.DataFrame:
+    """rank, step_ns, compute_ns, data_ns: each rank's median over the rank-steps given (NaN
+    where it has no such phase)."""
+    return steps.groupby("rank")[STEP_TIMES].median().reset_index()
+
+
+def typical_step(steps: pd.DataFrame) -> tuple[float, dict[str, float | None]]:
+    """The median over the ranks of each rank's median step time (ns), and of its compute and
+    data phases over that time (compute_share, data_share: None where no rank has the phase)."""
+    per = rank_medians(steps)
+    step_ns = float(per["step_ns"].median())
+    shares: dict[str, float | None] = {}
+    for name in ("compute", "data"):
+        value = per[f"{name}_ns"].median()
+        shares[f"{name}_share"] = None if pd.isna(value) else float(value) / step_ns
+    return step_ns, shares
+
+
+def step_spread(steps: pd.DataFrame) -> pd.DataFrame:
+    """step, min_ns, median_ns, max_ns: each step's time across the ranks."""
+    per = steps.groupby("step")["step_ns"].agg(["min", "median", "max"])
+    per.columns = ["min_ns", "median_ns", "max_ns"]
+    return per.reset_index()
+
+
+def rank_overlap(rank_steps: pd.DataFrame) -> pd.DataFrame:
+    """rank, overlap_fraction, exposed_fraction over the rank-steps of rank_steps() given: the
+    share of its communication under compute, and the share of its step time spent in
+    communication that nothing hid. Ranks without communication are left out."""
+    per = rank_steps.groupby("rank")[["comm_ns", "overlap_ns", "step_ns"]].sum()
+    per = per[per["comm_ns"] > 0]
+    return pd.DataFrame(
+        {
+            "rank": per.index.to_numpy(),
+            "overlap_fraction": (per["overlap_ns"] / per["comm_ns"]).to_numpy(),
+            "exposed_fraction": ((per["comm_ns"] - per["overlap_ns"]) / per["step_ns"]).to_numpy(),
+        }
+    )
+
+
+def op_bandwidth(per: pd.DataFrame, sample: pd.DataFrame) -> pd.DataFrame:
+    """op, calls, bytes, transfer_ns (median), gbps (median of bytes / transfer) per op, from
+    the two frames of op_records() over the steps wanted."""
+    if per.empty:
+        return pd.DataFrame(columns=["op", "calls", "bytes", "transfer_ns", "gbps"])
+    counts = per.groupby("op")[["calls", "bytes"]].sum()
+    medians = sample.groupby("op")[["transfer_ns", "gbps"]].median()
+    return counts.join(medians, how="inner").reset_index()

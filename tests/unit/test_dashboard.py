@@ -109,6 +109,25 @@ def test_band_folds_many_ranks_and_keeps_the_outlier() -> None:
     assert set(few["label"]) == {"rank 0", "rank 1", "rank 2"}
 
 
+def test_rank_bars_average_consecutive_ranks_into_labelled_bars() -> None:
+    per = pd.DataFrame({"rank": np.arange(10), "x": np.arange(10, dtype=float)})
+    bars = shape.rank_bars(per, ["x"], max_bins=5)
+    assert list(bars["label"]) == ["0-1", "2-3", "4-5", "6-7", "8-9"]
+    assert list(bars["x"]) == [0.5, 2.5, 4.5, 6.5, 8.5]
+    assert list(shape.rank_bars(per.head(3), ["x"], max_bins=5)["label"]) == ["0", "1", "2"]
+
+
+def test_step_bars_keep_the_extremes_of_each_bin() -> None:
+    band = pd.DataFrame(
+        {"step": np.arange(10), "min_ms": np.arange(10.0), "median_ms": 5.0, "max_ms": 20.0}
+    )
+    band.loc[7, "max_ms"] = 99.0
+    bars = shape.step_bars(band, max_bins=2)
+    assert list(bars["step"]) == [0, 5] and list(bars["min_ms"]) == [0.0, 5.0]
+    assert list(bars["max_ms"]) == [20.0, 99.0]
+    assert len(shape.step_bars(band, max_bins=10)) == 10
+
+
 # pages as plain functions, on real sample traces
 
 
