@@ -9,6 +9,7 @@ from typing import NoReturn
 
 from dtprof import __version__
 from dtprof.commands import analyze, build_native, own_process
+from dtprof.commands import run as run_command
 from dtprof.commands.own_process import lean_arrow_allocator, pandas_held_back
 from dtprof.errors import DtprofError
 
@@ -156,6 +157,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bn.add_argument("--verbose", action="store_true", help="show the compiler's output")
     bn.set_defaults(func=build_native.run)
+    rn = sub.add_parser(
+        "run",
+        help=run_command.run.__doc__,
+        description=run_command.run.__doc__,
+        usage="dtprof run [options] -- COMMAND ...",
+    )
+    run_command.add_arguments(rn)
+    rn.set_defaults(func=run_command.run)
     rp = sub.add_parser("replay", help=_cmd_replay.__doc__, description=_cmd_replay.__doc__)
     _add_server_args(rp)
     rp.add_argument("--speed", type=float, default=1.0, help="times real time (default: 1)")

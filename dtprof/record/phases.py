@@ -48,13 +48,19 @@ class PhaseHooks:
         self._handles: list[Any] = []
         self.ddp_buckets = False
         if model is not None:
-            self._handles.append(model.register_forward_pre_hook(self._forward_pre))
-            self._handles.append(model.register_forward_hook(self._forward_post))
-            if isinstance(model, torch.nn.parallel.DistributedDataParallel) and prof.ddp_buckets:
-                self._register_ddp_hook(model)
+            self.add_model(model)
         if optimizer is not None:
-            self._handles.append(optimizer.register_step_pre_hook(self._optimizer_pre))
-            self._handles.append(optimizer.register_step_post_hook(self._optimizer_post))
+            self.add_optimizer(optimizer)
+
+    def add_model(self, model: torch.nn.Module) -> None:
+        self._handles.append(model.register_forward_pre_hook(self._forward_pre))
+        self._handles.append(model.register_forward_hook(self._forward_post))
+        if isinstance(model, torch.nn.parallel.DistributedDataParallel) and self.prof.ddp_buckets:
+            self._register_ddp_hook(model)
+
+    def add_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        self._handles.append(optimizer.register_step_pre_hook(self._optimizer_pre))
+        self._handles.append(optimizer.register_step_post_hook(self._optimizer_post))
 
     def _register_ddp_hook(self, model: torch.nn.parallel.DistributedDataParallel) -> None:
         if getattr(model, "_dtprof_comm_hook", False):  # an earlier profile's comm hook

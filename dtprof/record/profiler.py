@@ -239,12 +239,7 @@ class Profiler:
 
         self.comms = comms.install(self)
         self._removers["collectives"] = [self.comms.uninstall]
-        if self.model is not None or self.optimizer is not None:
-            self.phases = phases.PhaseHooks(self, self.model, self.optimizer)
-            self._removers["phases"] = [self.phases.uninstall]
-        if self.pipeline is not None:
-            self.note_meta(pipeline=pipeline.describe(self.pipeline, self.rank))
-            self._removers["pipeline"] = [pipeline.install(self, self.pipeline)]
+        self._attach(self.model, self.optimizer, self.pipeline)
         self.gpu = gpu.NvmlSampler(self, self.gpu_sample_interval_s)
         self.note_meta(nvml=self.gpu.status)
         self.watchdog = watchdog.Watchdog(self, self.hang_timeout_s)
@@ -287,6 +282,46 @@ class Profiler:
             self.write_meta()
         except Exception as err:
             self._warn_once("close", f"dtprof: could not finish the trace cleanly: {err}")
+
+    def attach(
+        self,
+        *,
+        model: torch.nn.Module | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+        pipeline: Any = None,
+    ) -> None:
+        """Add, while recording, a model, an optimizer or a pipelining schedule that
+        ``profile()`` was not given (one of each at most): their phases or actions are recorded
+        from now on. Used by ``dtprof run``, which sees them only once the script makes them."""
+        if not self.active:
+            return
+        try:
+            self._attach(
+                model if self.model is None else None,
+                optimizer if self.optimizer is None else None,
+                pipeline if self.pipeline is None else None,
+            )
+        except Exception as exc:
+            self.hook_failed("attach", exc)
+        else:
+            self.write_meta()
+
+    def _attach(self, model: Any, optimizer: Any, schedule: Any) -> None:
+        if model is not None or optimizer is not None:
+            if "phases" not in self._removers:
+                self.phases = phases.PhaseHooks(self, None, None)
+                self._removers["phases"] = [self.phases.uninstall]
+            if model is not None:
+                self.model = model
+                self.phases.add_model(model)
+                self.note_meta(model_kind=phases.model_kind(model))
+            if optimizer is not None:
+                self.optimizer = optimizer
+                self.phases.add_optimizer(optimizer)
+        if schedule is not None:
+            self.pipeline = schedule
+            self.note_meta(pipeline=pipeline.describe(schedule, self.rank))
+            self._removers["pipeline"] = [pipeline.install(self, schedule)]
 
     def _record_exception(self, exc: BaseException) -> None:
         """The exception training left with: in meta.json, and as an event on the trace's

@@ -1,0 +1,96 @@
+"""``dtprof run`` on scripts written without dtprof: a torchrun DDP job and a process that
+trains alone, as a user runs them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import dtprof
+from dtprof.analysis import analyze
+
+pytestmark = pytest.mark.multiprocess
+
+WORKERS = Path(__file__).with_name("workers")
+
+
+def _dtprof_run(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "dtprof", "run", *args],
+        cwd=cwd,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+
+
+def test_an_unchanged_torchrun_script_is_recorded_and_its_straggler_named(tmp_path: Path) -> None:
+    steps = 20
+    done = _dtprof_run(
+        [
+            "--trace",
+            "trace",
+            "--",
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            str(WORKERS / "plain_ddp.py"),
+        ],
+        tmp_path,
+        SLOW_RANK="1",
+        STEPS=str(steps),
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "dtprof analyze trace" in done.stderr
+    trace_dir = tmp_path / "trace"
+    # the two ranks, and nothing from the launcher
+    assert sorted(p.name for p in trace_dir.iterdir()) == ["rank=00000", "rank=00001"]
+    trace = dtprof.load_trace(trace_dir)
+    # a step is an optimizer step; its two micro-batches are inside it
+    assert trace.steps.groupby("rank").size().tolist() == [steps, steps]
+    forward = trace.spans[trace.spans["name"] == "forward"]
+    assert (forward.groupby(["rank", "step"]).size() == 2).all()
+    loss = trace.scalars[trace.scalars["name"] == "loss"]
+    assert len(loss) == 2 * steps and (loss["value"] > 0).all()
+    meta = json.loads((trace_dir / "rank=00001" / "meta.json").read_text())
+    assert meta["model_kind"] == "ddp" and meta["status"] == "finished"
+    report = analyze(trace_dir)
+    stragglers = [f for f in report.findings if f.code == "straggler"]
+    assert [f.ranks for f in stragglers] == [[1]], report.render_text()
+
+
+def test_a_script_that_trains_alone_is_recorded_with_its_failure(tmp_path: Path) -> None:
+    # the user's own sitecustomize still runs (the script checks it)
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import os\nos.environ['USER_SITE'] = 'ran'\n")
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import os\nassert os.environ.get('USER_SITE') == 'ran'\n"
+        + (WORKERS / "plain_alone.py").read_text()
+    )
+    done = _dtprof_run(
+        ["--trace", "trace", "--", sys.executable, str(script)],
+        tmp_path,
+        PYTHONPATH=str(site),
+        FAIL_AT="5",
+    )
+    assert done.returncode == 1 and "planted failure" in done.stderr, done.stderr[-3000:]
+    trace = dtprof.load_trace(tmp_path / "trace")
+    assert len(trace.steps) == 6
+    # the model was found from the optimizer's parameters: its phases from the second step on
+    forward = trace.spans[trace.spans["name"] == "forward"]
+    assert sorted(forward["step"]) == [1, 2, 3, 4, 5]
+    loss = trace.scalars[trace.scalars["name"] == "loss"]
+    assert len(loss) == 6 and (loss["value"] < 10).all()  # the GradScaler's 65536 undone
+    meta = json.loads((tmp_path / "trace" / "rank=00000" / "meta.json").read_text())
+    assert meta["model_kind"] == "module" and meta["status"] == "raised RuntimeError"
+    assert meta["exception"]["file"] == str(script) and meta["exception"]["step"] == 6
