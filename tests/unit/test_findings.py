@@ -22,9 +22,17 @@ from tests.tracebuild import rank_meta, write_rank
 MS = 1_000_000
 
 
-def _pipeline(trace: Path, work_ms: dict[int, float], steps: int = 20, m: int = 4) -> None:
+def _pipeline(
+    trace: Path,
+    work_ms: dict[int, float],
+    steps: int = 20,
+    m: int = 4,
+    barrier_after: bool = False,
+) -> None:
     """A GPipe run of len(work_ms) stages, one per rank: each microbatch's forward then
-    backward, each taking work_ms[rank] per microbatch (a third forward), at the slowest's pace."""
+    backward, each taking work_ms[rank] per microbatch (a third forward), at the slowest's pace;
+    with barrier_after, an optimizer phase ending each step and a barrier after the last step
+    that the last rank enters last."""
     p = len(work_ms)
     slowest = max(work_ms.values())
     half = (m + p - 1) * slowest  # forwards, then backwards, each microbatch a slot
@@ -49,6 +57,37 @@ def _pipeline(trace: Path, work_ms: dict[int, float], steps: int = 20, m: int = 
                     rows["spans"].append(
                         (step, name, "pipeline", int(a * MS), int(b * MS), 0, rank, mb)
                     )
+        if barrier_after:  # and an optimizer phase, as dtprof run records one
+            rows["spans"] += [
+                (
+                    step,
+                    "optimizer",
+                    "phase",
+                    int(((step + 1) * step_ms - 0.5) * MS),
+                    int(((step + 1) * step_ms - 0.1) * MS),
+                    0,
+                    None,
+                    None,
+                )
+                for step in range(steps)
+            ]
+            end = steps * step_ms
+            rows["groups"] = [("0", "gloo", list(range(p)))]
+            rows["collectives"] = [
+                (
+                    steps,
+                    "0",
+                    0,
+                    "barrier",
+                    0,
+                    None,
+                    None,
+                    int((end + rank) * MS),
+                    int((end + p) * MS),
+                    True,
+                    None,
+                )
+            ]
         meta = rank_meta(rank, p, pipeline={**info, "stage_indices": [rank]})
         write_rank(trace, meta, rows)
 
@@ -69,6 +108,12 @@ def test_the_slow_stage_is_named_with_its_times_and_a_balanced_prediction(tmp_pa
     bubble = findings["pipeline-bubble"]
     assert bubble.caused_by == {"code": "slow-stage", "ranks": [2]}
     assert "caused by the slow-stage above" in text(analyze(tmp_path))
+
+
+def test_a_barrier_after_the_last_step_names_no_straggler(tmp_path: Path) -> None:
+    # the one group collective of a pipeline job is in no analysed step
+    _pipeline(tmp_path, {0: 6.0, 1: 6.0, 2: 6.0}, barrier_after=True)
+    assert "straggler" not in {f.code for f in analyze(tmp_path).findings}
 
 
 def test_balanced_stages_give_no_slow_stage(tmp_path: Path) -> None:

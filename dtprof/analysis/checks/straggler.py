@@ -66,6 +66,11 @@ def check(run: RunSummary) -> list[Finding]:
     if not len(arr.step):
         return []
     culprit_steps, step_culprit = _step_culprits(arr)
+    # a collective after the last step (a barrier before the end) is in no analysed step
+    analysed = np.isin(culprit_steps, values(steps, "step"))
+    culprit_steps, step_culprit = culprit_steps[analysed], step_culprit[analysed]
+    if not len(culprit_steps):
+        return []
     ranks, inverse = np.unique(arr.culprit, return_inverse=True)
     suspect = int(ranks[np.argmax(group_sum_ns(inverse.ravel(), len(ranks), arr.caused_ns))])
     if (step_culprit == suspect).mean() >= CHRONIC_SHARE:
