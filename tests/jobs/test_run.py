@@ -94,3 +94,27 @@ def test_a_script_that_trains_alone_is_recorded_with_its_failure(tmp_path: Path)
     meta = json.loads((tmp_path / "trace" / "rank=00000" / "meta.json").read_text())
     assert meta["model_kind"] == "module" and meta["status"] == "raised RuntimeError"
     assert meta["exception"]["file"] == str(script) and meta["exception"]["step"] == 6
+
+
+def test_an_unchanged_pipeline_script_is_recorded_with_its_schedule(tmp_path: Path) -> None:
+    done = _dtprof_run(
+        [
+            "--trace",
+            "trace",
+            "--",
+            "torchrun",
+            "--nproc-per-node",
+            "2",
+            str(WORKERS / "plain_pipeline.py"),
+        ],
+        tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    trace = dtprof.load_trace(tmp_path / "trace")
+    assert trace.steps.groupby("rank").size().tolist() == [12, 12]
+    meta = json.loads((tmp_path / "trace" / "rank=00001" / "meta.json").read_text())
+    assert meta["pipeline"]["schedule"] == "ScheduleGPipe" and meta["model_kind"] == "none"
+    actions = trace.spans[trace.spans["kind"] == "pipeline"]
+    assert len(actions) == 2 * 12 * 4 * 2  # ranks x steps x microbatches x (F, B)
+    codes = {f.code for f in analyze(tmp_path / "trace").findings}
+    assert "pipeline-bubble" in codes and "straggler" not in codes
