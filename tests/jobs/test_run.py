@@ -102,7 +102,7 @@ def test_an_unchanged_pipeline_script_is_recorded_with_its_schedule(tmp_path: Pa
             "--trace",
             "trace",
             "--",
-            "torchrun",
+            str(Path(sys.executable).with_name("torchrun")),  # the launcher as users call it
             "--nproc-per-node",
             "2",
             str(WORKERS / "plain_pipeline.py"),
