@@ -48,10 +48,12 @@ now_ns = time.perf_counter_ns
 
 
 class Session:
-    """This process's recording under ``dtprof run``, from its start to its end."""
+    """This process's recording, from its start to its end: under ``dtprof run`` it starts
+    itself (``starts_itself``); an integration's callback starts it."""
 
-    def __init__(self, trace: str, options: dict[str, Any]) -> None:
+    def __init__(self, trace: str, options: dict[str, Any], *, starts_itself: bool) -> None:
         self.trace, self.options = trace, options
+        self.starts_itself = starts_itself
         self.pid = os.getpid()
         self.prof: Profiler | None = None
         self.over = False  # ended, or never to start: every hook does nothing
@@ -109,13 +111,26 @@ class Session:
     # ------------------------------------------------------------------ what the script does
 
     def process_group_ready(self) -> None:
-        self.start()
-
-    def optimizer_made(self) -> None:
-        if self.prof is None and (dist.is_initialized() or not _launched_as_many()):
+        if self.starts_itself:
             self.start()
 
+    def optimizer_made(self) -> None:
+        if self._may_start_alone():
+            self.start()
+
+    def _may_start_alone(self) -> bool:
+        return (
+            self.starts_itself
+            and self.prof is None
+            and (dist.is_initialized() or not _launched_as_many())
+        )
+
     def ddp_made(self, model: torch.nn.Module) -> None:
+        if self.model is None:
+            self.use_model(model)
+
+    def use_model(self, model: torch.nn.Module) -> None:
+        """The model, where it is known (a DDP wrapper as it is made, or an integration's)."""
         if self.model is None:
             self.model = model
             if self.recording:
@@ -152,7 +167,7 @@ class Session:
         self.depth = max(self.depth - 1, 0)
 
     def optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if self.prof is None and (dist.is_initialized() or not _launched_as_many()):
+        if self._may_start_alone():
             self.start()
         if self.optimizer is not None or not self.recording:
             return
@@ -173,6 +188,12 @@ class Session:
             prof.log(loss=self.loss)
             self.loss = None
         prof.step()
+
+    def end_before_destroy(self) -> None:
+        self.end(exchange=True)
+
+    def loss_scaled(self, scaled: torch.Tensor, scale: torch.Tensor) -> None:
+        self.scaled = (scaled, scale)
 
     def backward(self, tensor: torch.Tensor) -> None:
         if not self.recording or tensor.numel() != 1:
@@ -206,84 +227,109 @@ def _launched_as_many() -> bool:
 # ---------------------------------------------------------------------- wiring
 
 
-_session: Session | None = None
+_session: Session | None = None  # the session the wrapped functions report to
+_watching = False
+_schedules_watched: set[type] = set()
 
 
 def torch_imported(module: ModuleType) -> None:
-    """Called by the start-up hook once torch is imported: read DTPROF_RUN, wrap torch."""
-    global _session
-    import torch.optim.optimizer as optimizer_hooks
-
+    """Called by ``dtprof run``'s start-up hook once torch is imported: a session that starts
+    itself, from DTPROF_RUN."""
     config = json.loads(os.environ[ENV])
-    session = Session(str(config["trace"]), dict(config.get("options", {})))
+    open_session(str(config["trace"]), dict(config.get("options", {})), starts_itself=True)
+
+
+def open_session(trace: str, options: dict[str, Any], *, starts_itself: bool) -> Session:
+    """The session the wrapped functions of torch report to from now on (torch watched once
+    per process); one that is recording already is kept, and a new one does nothing."""
+    global _session
+    session = Session(trace, options, starts_itself=starts_itself)
+    if _session is not None and _session.recording:
+        session.over = True
+        return session
     _session = session
+    _watch()
+    return session
+
+
+def _on(event: str, *args: Any) -> None:
+    """Tell the current session what the script did; never raises."""
+    session = _session
+    if session is not None and not session.over:
+        _guarded(lambda: getattr(session, event)(*args))
+
+
+def _watch() -> None:
+    """Wrap torch's functions and register the optimizer hooks, once per process."""
+    global _watching
+    if _watching:
+        return
+    import torch.optim.optimizer as optimizer_hooks
 
     dist_c10d = sys.modules.get("torch.distributed.distributed_c10d")
     init = dist.init_process_group
-    wrapped_init = _after(init, lambda *a, **k: session.process_group_ready())
-    for owner in (dist, dist_c10d, sys.modules.get("torch.distributed.device_mesh")):
-        if owner is not None and getattr(owner, "init_process_group", None) is init:
-            owner.init_process_group = wrapped_init  # type: ignore[attr-defined]
-
+    wrapped_init = _after(init, lambda *a, **k: _on("process_group_ready"))
     destroy = dist.destroy_process_group
 
     @functools.wraps(destroy)
     def destroy_process_group(group: Any = None, *args: Any, **kwargs: Any) -> Any:
         if group is None:
-            _guarded(lambda: session.end(exchange=True))
+            _on("end_before_destroy")
         return destroy(group, *args, **kwargs)
-
-    for owner in (dist, dist_c10d):
-        if owner is not None and getattr(owner, "destroy_process_group", None) is destroy:
-            owner.destroy_process_group = destroy_process_group  # type: ignore[attr-defined]
-
-    optim = torch.optim.Optimizer
-    optim.__init__ = _after(optim.__init__, lambda *a, **k: session.optimizer_made())  # type: ignore[method-assign]
-    ddp = torch.nn.parallel.DistributedDataParallel
-    ddp.__init__ = _after(ddp.__init__, lambda self, *a, **k: session.ddp_made(self))  # type: ignore[method-assign]
-    optimizer_hooks.register_optimizer_step_pre_hook(_guarded_hook(session.optimizer_pre))
-    optimizer_hooks.register_optimizer_step_post_hook(_guarded_hook(session.optimizer_post))
 
     backward = torch.Tensor.backward
 
     @functools.wraps(backward)
     def tensor_backward(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        _guarded(lambda: session.backward(self))
+        _on("backward", self)
         return backward(self, *args, **kwargs)
 
-    torch.Tensor.backward = tensor_backward  # type: ignore[method-assign]
-
-    scaler = torch.amp.GradScaler
-    scale = scaler.scale
+    scale = torch.amp.GradScaler.scale
 
     @functools.wraps(scale)
     def scale_loss(self: Any, outputs: Any) -> Any:
         scaled = scale(self, outputs)
         if isinstance(scaled, torch.Tensor) and getattr(self, "_scale", None) is not None:
-            session.scaled = (scaled, self._scale)
+            _on("loss_scaled", scaled, self._scale)
         return scaled
 
-    scaler.scale = scale_loss  # type: ignore[method-assign]
-
-    atexit.register(lambda: _guarded(session.end))
     previous_hook = sys.excepthook
 
     def excepthook(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
-        _guarded(lambda: session.end(exc))
+        _on("end", exc)
         previous_hook(kind, exc, tb)
 
+    # every lookup above is done: from here on nothing fails half-way
+    for owner in (dist, dist_c10d, sys.modules.get("torch.distributed.device_mesh")):
+        if owner is not None and getattr(owner, "init_process_group", None) is init:
+            owner.init_process_group = wrapped_init  # type: ignore[attr-defined]
+    for owner in (dist, dist_c10d):
+        if owner is not None and getattr(owner, "destroy_process_group", None) is destroy:
+            owner.destroy_process_group = destroy_process_group  # type: ignore[attr-defined]
+    optim = torch.optim.Optimizer
+    optim.__init__ = _after(optim.__init__, lambda *a, **k: _on("optimizer_made"))  # type: ignore[method-assign]
+    ddp = torch.nn.parallel.DistributedDataParallel
+    ddp.__init__ = _after(ddp.__init__, lambda self, *a, **k: _on("ddp_made", self))  # type: ignore[method-assign]
+    optimizer_hooks.register_optimizer_step_pre_hook(lambda *a: _on("optimizer_pre", *a))
+    optimizer_hooks.register_optimizer_step_post_hook(lambda *a: _on("optimizer_post", *a))
+    torch.Tensor.backward = tensor_backward  # type: ignore[method-assign]
+    torch.amp.GradScaler.scale = scale_loss  # type: ignore[method-assign]
+    atexit.register(lambda: _on("end"))
     sys.excepthook = excepthook
+    _watching = True
+    schedules = sys.modules.get("torch.distributed.pipelining.schedules")
+    if schedules is not None:  # imported before (an integration's session): else see below
+        pipelining_imported(schedules)
 
 
 def pipelining_imported(module: ModuleType) -> None:
-    """Called by the start-up hook once torch.distributed.pipelining.schedules is imported."""
-    session = _session
-    if session is None:
-        return
+    """Called by the start-up hook once torch.distributed.pipelining.schedules is imported
+    (and by _watch where it was before): a schedule is seen at its first step."""
     for name in ("PipelineScheduleSingle", "PipelineScheduleMulti"):
         cls = getattr(module, name, None)
-        if cls is not None and "step" in vars(cls):
-            cls.step = _before(cls.step, lambda self, *a, **k: session.schedule_steps(self))
+        if cls is not None and "step" in vars(cls) and cls not in _schedules_watched:
+            cls.step = _before(cls.step, lambda self, *a, **k: _on("schedule_steps", self))
+            _schedules_watched.add(cls)
 
 
 def _after(function: Callable[..., Any], then: Callable[..., None]) -> Callable[..., Any]:
@@ -305,13 +351,6 @@ def _before(function: Callable[..., Any], first: Callable[..., None]) -> Callabl
     def call(*args: Any, **kwargs: Any) -> Any:
         _guarded(lambda: first(*args, **kwargs))
         return function(*args, **kwargs)
-
-    return call
-
-
-def _guarded_hook(hook: Callable[..., None]) -> Callable[..., None]:
-    def call(*args: Any) -> None:
-        _guarded(lambda: hook(*args))
 
     return call
 
