@@ -256,7 +256,7 @@ def _on(event: str, *args: Any) -> None:
     """Tell the current session what the script did; never raises."""
     session = _session
     if session is not None and not session.over:
-        _guarded(lambda: getattr(session, event)(*args))
+        guarded(lambda: getattr(session, event)(*args))
 
 
 def _watch() -> None:
@@ -338,7 +338,7 @@ def _after(function: Callable[..., Any], then: Callable[..., None]) -> Callable[
     @functools.wraps(function)
     def call(*args: Any, **kwargs: Any) -> Any:
         result = function(*args, **kwargs)
-        _guarded(lambda: then(*args, **kwargs))
+        guarded(lambda: then(*args, **kwargs))
         return result
 
     return call
@@ -349,13 +349,13 @@ def _before(function: Callable[..., Any], first: Callable[..., None]) -> Callabl
 
     @functools.wraps(function)
     def call(*args: Any, **kwargs: Any) -> Any:
-        _guarded(lambda: first(*args, **kwargs))
+        guarded(lambda: first(*args, **kwargs))
         return function(*args, **kwargs)
 
     return call
 
 
-def _guarded(work: Callable[[], None]) -> None:
+def guarded(work: Callable[[], None]) -> None:
     """Run a piece of the recording; where it raises, recording stops, the script goes on."""
     try:
         work()

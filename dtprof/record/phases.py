@@ -3,7 +3,9 @@
 forward: the root module's forward pre-hook to its forward hook. backward: from the moment
 the gradient reaches the model's output (a tensor hook) to the end of the autograd pass (a
 callback queued on the autograd engine), before DDP waits for its last bucket. optimizer:
-its step pre- and post-hooks. data: from the end of a step to the next forward.
+its step pre- and post-hooks, or from where the step's closure returned (Lightning, LBFGS: the
+closure runs forward and backward inside the step). data: from the end of a step to the next
+forward.
 """
 
 from __future__ import annotations
@@ -143,8 +145,32 @@ class PhaseHooks:
         except Exception as exc:
             self.prof.hook_failed("phases", exc)
 
-    def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+    def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> Any:
         self._opt_start = now_ns()
+        try:
+            return self._time_closure(args, kwargs)
+        except Exception as exc:
+            self.prof.hook_failed("phases", exc)
+            return None
+
+    def _time_closure(self, args: Any, kwargs: Any) -> Any:
+        """Where the step is given a closure (Lightning, LBFGS), which runs forward and backward
+        inside it, the optimizer's own phase starts when the closure returned: the closure is
+        handed on timed (None: the step's arguments unchanged)."""
+        by_name = "closure" in kwargs
+        closure = kwargs["closure"] if by_name else (args[0] if args else None)
+        if not callable(closure):
+            return None
+
+        def timed_closure() -> Any:
+            try:
+                return closure()
+            finally:
+                self._opt_start = now_ns()
+
+        if by_name:
+            return args, {**kwargs, "closure": timed_closure}
+        return (timed_closure, *args[1:]), kwargs
 
     def _optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         t = now_ns()

@@ -317,7 +317,7 @@ class Profiler:
                 self.note_meta(model_kind=phases.model_kind(model))
             if optimizer is not None:
                 self.optimizer = optimizer
-                self.phases.add_optimizer(optimizer)
+                self.phases.add_optimizer(stepped_optimizer(optimizer))
         if schedule is not None:
             self.pipeline = schedule
             self.note_meta(pipeline=pipeline.describe(schedule, self.rank))
@@ -475,6 +475,14 @@ class Profiler:
         if key not in self._warned:
             self._warned.add(key)
             warnings.warn(message, DtprofWarning, stacklevel=3)
+
+
+def stepped_optimizer(optimizer: Any) -> Any:
+    """The torch optimizer that a framework's wrapper steps (Accelerate's AcceleratedOptimizer,
+    Lightning's LightningOptimizer hold it as ``.optimizer``): its step hooks are the ones that
+    run."""
+    inner = getattr(optimizer, "optimizer", None)
+    return inner if isinstance(inner, torch.optim.Optimizer) else optimizer
 
 
 _NOT_USER_CODE = (

@@ -13,10 +13,12 @@ import pytest
 
 import dtprof
 from dtprof.analysis import analyze
+from dtprof.analysis.render import text
 
 pytestmark = pytest.mark.multiprocess
 
 WORKERS = Path(__file__).with_name("workers")
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def _dtprof_run(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
@@ -42,11 +44,13 @@ def test_an_unchanged_torchrun_script_is_recorded_and_its_straggler_named(tmp_pa
             "torch.distributed.run",
             "--nproc-per-node",
             "2",
-            str(WORKERS / "plain_ddp.py"),
+            str(EXAMPLES / "plain_ddp.py"),
+            "--steps",
+            str(steps),
+            "--slow-rank",
+            "1",
         ],
         tmp_path,
-        SLOW_RANK="1",
-        STEPS=str(steps),
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "dtprof analyze trace" in done.stderr
@@ -64,7 +68,7 @@ def test_an_unchanged_torchrun_script_is_recorded_and_its_straggler_named(tmp_pa
     assert meta["model_kind"] == "ddp" and meta["status"] == "finished"
     report = analyze(trace_dir)
     stragglers = [f for f in report.findings if f.code == "straggler"]
-    assert [f.ranks for f in stragglers] == [[1]], report.render_text()
+    assert [f.ranks for f in stragglers] == [[1]], text(report)
 
 
 def test_a_script_that_trains_alone_is_recorded_with_its_failure(tmp_path: Path) -> None:
