@@ -150,29 +150,35 @@ def _slowdown(steps: pa.Table, rank: int) -> float:
 def _onset(
     steps: pa.Table, culprit_steps: np.ndarray, step_culprit: np.ndarray, suspect: int
 ) -> int:
-    """The step a chronic straggler became slow. Two signals say it, each noisy on a busy host:
-    its compute over the step's median, and whether it held the others up. The onset is the step
-    where the two together split best into a level before and one after (least squares, each
-    signal's error over its own total spread), of the steps with at least half of those it held
-    the others up in from there on (the evidence it is chronic) and where either signal before
-    is at most half its level after; else the first analysed step."""
+    """The step a chronic straggler became slow: of the steps with at least half of those it
+    held the others up in from there on (the evidence it is chronic), the one where its compute
+    over the step's median splits best into a level before, nearer the others' than its own
+    after, and that level; where none does (a few percent of excess is within a step's jitter,
+    and a rank may have been a little slower all along), the one where the share of steps it
+    held the others up in splits best into at most half and the rest; else the first analysed
+    step."""
     held = (step_culprit == suspect).astype(np.float64)
     step_no, rank_no, compute = _compute_matrix(steps)
     col = np.searchsorted(rank_no, suspect)
     with np.errstate(all="ignore"):
         excess = compute[:, col] / np.nanmedian(compute, axis=1) - 1
     known = ~np.isnan(excess)
-    both, at_excess, at_held = np.intersect1d(
-        step_no[known], culprit_steps, assume_unique=True, return_indices=True
-    )
-    signals = np.column_stack([excess[known][at_excess], held[at_held]])
+    candidates = step_no[known]
     at = _split(
-        signals,
+        excess[known],
         lambda before, after, k: (
-            ((before <= after / 2).any(axis=1)) & _most_held_after(culprit_steps, held, both[k])
+            (before < after / 2) & _most_held_after(culprit_steps, held, candidates[k])
         ),
     )
-    return int(both[at] if at is not None else culprit_steps[0])
+    if at is not None:
+        return int(candidates[at])
+    at = _split(
+        held,
+        lambda before, after, k: (
+            (before <= after / 2) & _most_held_after(culprit_steps, held, culprit_steps[k])
+        ),
+    )
+    return int(culprit_steps[at if at is not None else 0])
 
 
 def _most_held_after(culprit_steps: np.ndarray, held: np.ndarray, steps: np.ndarray) -> np.ndarray:
@@ -185,23 +191,22 @@ def _most_held_after(culprit_steps: np.ndarray, held: np.ndarray, steps: np.ndar
 def _split(
     x: np.ndarray, admits: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
 ) -> int | None:
-    """The row where the signals in the columns of x split best into a level before and one
-    after (at least ONSET_STEPS rows before, MIN_STEPS after): the least sum over the columns of
-    the squared error around the two levels over the column's own total; of the splits k that
-    admits(levels before, levels after, k) takes (one row per split, one column per signal);
-    None where it takes none."""
-    n = len(x)
-    if n < MIN_STEPS + ONSET_STEPS:
+    """The index where x splits best (least squares) into a level before and one after (at
+    least ONSET_STEPS before, MIN_STEPS after), of the splits k that admits(mean before, mean
+    after, k) takes; None where it takes none."""
+    if len(x) < MIN_STEPS + ONSET_STEPS:
         return None
-    total, square = np.cumsum(x, axis=0), np.cumsum(x**2, axis=0)
-    k = np.arange(ONSET_STEPS, n - MIN_STEPS + 1)
-    before_n, after_n = k[:, None], (n - k)[:, None]
-    before_sum, after_sum = total[k - 1], total[-1] - total[k - 1]
-    sse = square[-1] - before_sum**2 / before_n - after_sum**2 / after_n
-    spread = np.maximum(square[-1] - total[-1] ** 2 / n, np.finfo(float).tiny)
-    cost = (sse / spread).sum(axis=1)
-    ok = admits(before_sum / before_n, after_sum / after_n, k)
-    return int(k[ok][np.argmin(cost[ok])]) if ok.any() else None
+    total, square, n = np.cumsum(x), np.cumsum(x**2), np.arange(1, len(x) + 1)
+    k = np.arange(ONSET_STEPS, len(x) - MIN_STEPS + 1)
+    before_sse = square[k - 1] - total[k - 1] ** 2 / n[k - 1]
+    after_sum, after_sq, after_n = (
+        total[-1] - total[k - 1],
+        square[-1] - square[k - 1],
+        n[-1] - n[k - 1],
+    )
+    sse = before_sse + after_sq - after_sum**2 / after_n
+    ok = admits(total[k - 1] / n[k - 1], after_sum / after_n, k)
+    return int(k[ok][np.argmin(sse[ok])]) if ok.any() else None
 
 
 def _step_culprits(arr: Arrivals) -> tuple[np.ndarray, np.ndarray]:
