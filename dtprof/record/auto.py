@@ -1,5 +1,6 @@
 """Recording a script that was written without dtprof: what a process that ``dtprof run``
-started does once it imports torch (see ``startup/sitecustomize.py`` for how it gets here).
+started does once it imports torch (see ``startup/sitecustomize.py`` for how it gets here),
+and what a framework's callback (``dtprof.integrations``) opens, starts and ends itself.
 
 It wraps a few of torch's functions, and registers torch.optim's global step hooks:
 
@@ -28,6 +29,7 @@ script runs on as it would have.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import json
 import os
@@ -97,13 +99,13 @@ class Session:
             return
         self.over = True
         assert self.prof is not None
-        self._drop_module_hooks()
+        self.drop_module_hooks()
         if not exchange:
             self.prof.clock_sync = False
         tb = exc.__traceback__ if exc is not None else None
         self.prof.__exit__(type(exc) if exc is not None else None, exc, tb)
 
-    def _drop_module_hooks(self) -> None:
+    def drop_module_hooks(self) -> None:
         for handle in self.module_hooks:
             handle.remove()
         self.module_hooks.clear()
@@ -172,7 +174,7 @@ class Session:
         if self.optimizer is not None or not self.recording:
             return
         self.optimizer = optimizer
-        self._drop_module_hooks()
+        self.drop_module_hooks()
         model = None
         if self.model is None and self.schedule is None:
             model = _holding_most(self.roots, optimizer)
@@ -374,6 +376,8 @@ def _stop(exc: Exception) -> None:
         f"dtprof run: recording stopped in this process: {type(exc).__name__}: {exc}",
         file=sys.stderr,
     )
+    with contextlib.suppress(Exception):
+        session.drop_module_hooks()
     if session.prof is not None:
         try:
             session.prof.clock_sync = False
