@@ -242,6 +242,24 @@ def test_a_chronic_straggler_that_began_mid_run_is_reported_from_then(tmp_path: 
     assert finding.evidence["chronic"] is True
 
 
+def test_a_transient_window_spans_a_step_where_another_rank_was_later_still(
+    tmp_path: Path,
+) -> None:
+    from tests.unit.test_analyze import _ddp_steps
+
+    def compute(rank: int, step: int) -> float:
+        if rank == 2 and step == 14:
+            return 34.0  # later still, in one step of rank 1's window
+        slow = rank == 1 and 10 <= step < 20
+        return 30.0 if slow else 20.0 + 0.1 * ((rank + step) % 3)
+
+    _ddp_steps(tmp_path, 4, 40, compute)
+    (finding,) = [f for f in analyze(tmp_path).findings if f.code == "straggler"]
+    assert (finding.ranks, finding.first_step, finding.last_step) == ([1], 10, 19)
+    assert finding.evidence["chronic"] is False
+    assert "9 of those 10 steps" in finding.message
+
+
 def test_the_rank_that_raised_first_is_the_cause_and_the_others_follow(tmp_path: Path) -> None:
     exception = {
         "type": "ValueError",

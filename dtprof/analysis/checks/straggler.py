@@ -16,7 +16,9 @@ shortest ones, since the others are already waiting when it arrives.
   Where it became slow: see _onset.
 - Transient: otherwise, a window of >= 5 consecutive steps in each of which the same rank caused
   the most waiting with compute >= 1.10x that step's median, >= 1.20x over the window
-  (a warning per window; the worst three are reported).
+  (a warning per window; the longest three are reported). The window goes on over the steps
+  next to it where that rank's compute was still >= 1.10x, though another rank was later still
+  there.
 
 The first steps (10%, at least 2) are skipped: DDP rebuilds its buckets and caches are cold.
 """
@@ -230,25 +232,36 @@ def _transient(
 ) -> list[Finding]:
     """Windows of consecutive steps with one slow last arriver."""
     step_no, rank_no, compute = _compute_matrix(steps)
+    with np.errstate(all="ignore"):
+        ratio = compute / np.nanmedian(compute, axis=1, keepdims=True)  # step x rank
     # check() saw compute: every step of the matrix has some, and there are steps with culprits
     at = np.minimum(np.searchsorted(culprit_steps, step_no), len(culprit_steps) - 1)
     culprit = np.where(culprit_steps[at] == step_no, step_culprit[at], -1)
     col = np.minimum(np.searchsorted(rank_no, culprit), len(rank_no) - 1)
-    own = np.where(rank_no[col] == culprit, compute[np.arange(len(col)), col], np.nan)
-    with np.errstate(all="ignore"):
-        ratio = own / np.nanmedian(compute, axis=1)
-    flagged = ratio >= WARN_SLOWDOWN
+    culprit_ratio = np.where(rank_no[col] == culprit, ratio[np.arange(len(col)), col], np.nan)
     # runs of flagged steps with the same culprit, steps consecutive
-    who = np.where(flagged, culprit, -1)
+    who = np.where(culprit_ratio >= WARN_SLOWDOWN, culprit, -1)
     breaks = np.r_[True, (who[1:] != who[:-1]) | (np.diff(step_no) != 1)]
     starts = np.flatnonzero(breaks)
     ends = np.r_[starts[1:], len(who)] - 1
     culprit_runs = who[starts] >= 0
     first, last = starts[culprit_runs], ends[culprit_runs]
     n = last - first + 1
-    slowdown = np.array([np.median(ratio[a : b + 1]) for a, b in zip(first, last, strict=True)])
+    slowdown = np.array(
+        [np.median(culprit_ratio[a : b + 1]) for a, b in zip(first, last, strict=True)]
+    )
     wanted = (n >= WINDOW_STEPS) & (slowdown >= WINDOW_SLOWDOWN)
-    first, last, n, slowdown = first[wanted], last[wanted], n[wanted], slowdown[wanted]
+    first, last, suspects = _widened(
+        first[wanted], last[wanted], who[first[wanted]], step_no, rank_no, ratio
+    )
+    n = last - first + 1
+    cols = np.searchsorted(rank_no, suspects)
+    slowdown = np.array(
+        [np.median(ratio[a : b + 1, c]) for a, b, c in zip(first, last, cols, strict=True)]
+    )
+    held = np.array(
+        [(culprit[a : b + 1] == r).mean() for a, b, r in zip(first, last, suspects, strict=True)]
+    )
     # the longest first, as pandas' sort_values(ascending=False) ordered them (quicksort of
     # the reversed lengths, reversed): which of equally long windows make the cut
     longest = np.arange(len(n))[::-1][n[::-1].argsort(kind="quicksort")][::-1]
@@ -256,11 +269,55 @@ def _transient(
     step = values(steps, "step")
     for i in longest[:MAX_WINDOWS]:
         window = rows(steps, (step >= step_no[first[i]]) & (step <= step_no[last[i]]))
-        rank = int(who[first[i]])
+        rank = int(suspects[i])
         findings.append(
-            _finding(run, window, arr, rank, float(slowdown[i]), chronic=False, share=1.0)
+            _finding(run, window, arr, rank, float(slowdown[i]), chronic=False, share=held[i])
         )
     return sorted(findings, key=lambda f: f.first_step or 0)
+
+
+def _widened(
+    first: np.ndarray,
+    last: np.ndarray,
+    ranks: np.ndarray,
+    step_no: np.ndarray,
+    rank_no: np.ndarray,
+    ratio: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each window (rows first..last of the step x rank table of compute over the step's
+    median, ``ratio``; its rank in ``ranks``) goes on over the consecutive steps next to it
+    where its rank's compute was still >= 1.10x the step's median, though another rank was
+    later still there: one late step of another rank splits no window. Windows of one rank
+    that then overlap become one. Returns each window's first and last row and its rank,
+    in the order of their rows."""
+    follows = np.r_[np.diff(step_no) == 1, False]  # row i + 1 is the step after row i
+    spans: dict[int, list[list[int]]] = {}
+    for a, b, rank in zip(first.tolist(), last.tolist(), ranks.tolist(), strict=True):
+        slow = ratio[:, np.searchsorted(rank_no, rank)] >= WARN_SLOWDOWN
+        while a > 0 and follows[a - 1] and slow[a - 1]:
+            a -= 1
+        while follows[b] and slow[b + 1]:
+            b += 1
+        mine = spans.setdefault(rank, [])
+        for other in mine:
+            if a <= other[1] and other[0] <= b:  # overlapping: one window
+                other[0], other[1] = min(a, other[0]), max(b, other[1])
+                break
+        else:
+            mine.append([a, b])
+    merged = sorted((a, b, rank) for rank, windows in spans.items() for a, b in windows)
+    return (
+        np.array([a for a, _, _ in merged], np.int64),
+        np.array([b for _, b, _ in merged], np.int64),
+        np.array([rank for _, _, rank in merged], np.int64),
+    )
+
+
+def _held_in(share: float, first: int, last: int) -> str:
+    """ "each of those steps", or "k of those n steps"."""
+    n = last - first + 1
+    held = round(share * n)
+    return "each of those steps" if held == n else f"{held} of those {n} steps"
 
 
 def _compute_matrix(steps: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -325,8 +382,9 @@ def _finding(
         severity = "warning"
         message = (
             f"rank {suspect} straggled in steps {first}-{last}: its compute was {slowdown:.2f}x "
-            f"the median there and it held the others up at each of those steps; they waited "
-            f"{caused_s:.2f} s for it, and those steps would be {speedup:.2f}x faster without it"
+            f"the median there and it held the others up in {_held_in(share, first, last)}; "
+            f"they waited {caused_s:.2f} s for it, and those steps would be {speedup:.2f}x "
+            "faster without it"
         )
         suggestion = (
             f"find what else ran on rank {suspect}'s host ({host}) around steps {first}-{last}: "
