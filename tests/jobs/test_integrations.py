@@ -4,7 +4,6 @@ Trainer and Lightning with their callbacks, an Accelerate loop under ``dtprof ru
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import subprocess
 import sys
@@ -12,9 +11,7 @@ from pathlib import Path
 
 import pytest
 
-import dtprof
-from dtprof.analysis import analyze
-from dtprof.analysis.render import text
+from tests.jobs.expected import recorded_as_a_user_expects
 
 pytestmark = pytest.mark.multiprocess
 
@@ -37,23 +34,6 @@ def _run(command: list[str], cwd: Path) -> None:
     assert done.returncode == 0, done.stderr[-4000:]
 
 
-def _recorded_as_a_user_expects(trace_dir: Path, steps: int) -> None:
-    """Both ranks, a step per optimizer step with its two micro-batches, the loss each step,
-    the DDP wrapper as the model, and the slow rank named."""
-    assert sorted(p.name for p in trace_dir.iterdir()) == ["rank=00000", "rank=00001"]
-    trace = dtprof.load_trace(trace_dir)
-    assert trace.steps.groupby("rank").size().tolist() == [steps, steps]
-    forward = trace.spans[trace.spans["name"] == "forward"]
-    assert (forward.groupby(["rank", "step"]).size() == 2).all()
-    loss = trace.scalars[trace.scalars["name"] == "loss"]
-    assert len(loss) == 2 * steps
-    meta = json.loads((trace_dir / "rank=00001" / "meta.json").read_text())
-    assert meta["model_kind"] == "ddp" and meta["status"] == "finished"
-    report = analyze(trace_dir)
-    stragglers = [f for f in report.findings if f.code == "straggler"]
-    assert [f.ranks for f in stragglers] == [[1]], text(report)
-
-
 def test_hugging_face_trainer_with_the_callback(tmp_path: Path) -> None:
     _needs("transformers")
     _run(
@@ -69,7 +49,7 @@ def test_hugging_face_trainer_with_the_callback(tmp_path: Path) -> None:
         ],
         tmp_path,
     )
-    _recorded_as_a_user_expects(tmp_path / "trace", 10)
+    recorded_as_a_user_expects(tmp_path / "trace", 10)
 
 
 def test_lightning_ddp_with_the_callback(tmp_path: Path) -> None:
@@ -87,7 +67,7 @@ def test_lightning_ddp_with_the_callback(tmp_path: Path) -> None:
         ],
         tmp_path,
     )
-    _recorded_as_a_user_expects(tmp_path / "trace", 12)
+    recorded_as_a_user_expects(tmp_path / "trace", 12)
 
 
 def test_an_accelerate_loop_under_dtprof_run(tmp_path: Path) -> None:
@@ -110,4 +90,4 @@ def test_an_accelerate_loop_under_dtprof_run(tmp_path: Path) -> None:
         ],
         tmp_path,
     )
-    _recorded_as_a_user_expects(tmp_path / "trace", 12)
+    recorded_as_a_user_expects(tmp_path / "trace", 12)

@@ -13,7 +13,7 @@ import pytest
 
 import dtprof
 from dtprof.analysis import analyze
-from dtprof.analysis.render import text
+from tests.jobs.expected import recorded_as_a_user_expects
 
 pytestmark = pytest.mark.multiprocess
 
@@ -54,21 +54,8 @@ def test_an_unchanged_torchrun_script_is_recorded_and_its_straggler_named(tmp_pa
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "dtprof analyze trace" in done.stderr
-    trace_dir = tmp_path / "trace"
-    # the two ranks, and nothing from the launcher
-    assert sorted(p.name for p in trace_dir.iterdir()) == ["rank=00000", "rank=00001"]
-    trace = dtprof.load_trace(trace_dir)
-    # a step is an optimizer step; its two micro-batches are inside it
-    assert trace.steps.groupby("rank").size().tolist() == [steps, steps]
-    forward = trace.spans[trace.spans["name"] == "forward"]
-    assert (forward.groupby(["rank", "step"]).size() == 2).all()
-    loss = trace.scalars[trace.scalars["name"] == "loss"]
-    assert len(loss) == 2 * steps and (loss["value"] > 0).all()
-    meta = json.loads((trace_dir / "rank=00001" / "meta.json").read_text())
-    assert meta["model_kind"] == "ddp" and meta["status"] == "finished"
-    report = analyze(trace_dir)
-    stragglers = [f for f in report.findings if f.code == "straggler"]
-    assert [f.ranks for f in stragglers] == [[1]], text(report)
+    # the two ranks, nothing from the launcher, a step per optimizer step
+    recorded_as_a_user_expects(tmp_path / "trace", steps)
 
 
 def test_a_script_that_trains_alone_is_recorded_with_its_failure(tmp_path: Path) -> None:

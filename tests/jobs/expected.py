@@ -1,0 +1,27 @@
+"""What a recorded 2-rank DDP job with a slow rank 1 must show, however it was recorded."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import dtprof
+from dtprof.analysis import analyze
+from dtprof.analysis.render import text
+
+
+def recorded_as_a_user_expects(trace_dir: Path, steps: int) -> None:
+    """Both ranks, a step per optimizer step with its two micro-batches, the loss each step,
+    the DDP wrapper as the model, and the slow rank named."""
+    assert sorted(p.name for p in trace_dir.iterdir()) == ["rank=00000", "rank=00001"]
+    trace = dtprof.load_trace(trace_dir)
+    assert trace.steps.groupby("rank").size().tolist() == [steps, steps]
+    forward = trace.spans[trace.spans["name"] == "forward"]
+    assert (forward.groupby(["rank", "step"]).size() == 2).all()
+    loss = trace.scalars[trace.scalars["name"] == "loss"]
+    assert len(loss) == 2 * steps and (loss["value"] > 0).all()
+    meta = json.loads((trace_dir / "rank=00001" / "meta.json").read_text())
+    assert meta["model_kind"] == "ddp" and meta["status"] == "finished"
+    report = analyze(trace_dir)
+    stragglers = [f for f in report.findings if f.code == "straggler"]
+    assert [f.ranks for f in stragglers] == [[1]], text(report)
