@@ -36,11 +36,10 @@ def model_kind(model: torch.nn.Module | None) -> str:
 
 
 class PhaseHooks:
-    """Installs the phase hooks on a model and an optimizer; uninstall() removes them."""
+    """The phase hooks of a model and an optimizer, each added when known (add_model,
+    add_optimizer); uninstall() removes them."""
 
-    def __init__(
-        self, prof: Profiler, model: torch.nn.Module | None, optimizer: torch.optim.Optimizer | None
-    ) -> None:
+    def __init__(self, prof: Profiler) -> None:
         self.prof = prof
         self.spans = prof.spans
         self.data_from_ns: int | None = None
@@ -49,10 +48,6 @@ class PhaseHooks:
         self._opt_start = 0
         self._handles: list[Any] = []
         self.ddp_buckets = False
-        if model is not None:
-            self.add_model(model)
-        if optimizer is not None:
-            self.add_optimizer(optimizer)
 
     def add_model(self, model: torch.nn.Module) -> None:
         self._handles.append(model.register_forward_pre_hook(self._forward_pre))

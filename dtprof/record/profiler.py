@@ -307,16 +307,19 @@ class Profiler:
             self.write_meta()
 
     def _attach(self, model: Any, optimizer: Any, schedule: Any) -> None:
-        if model is not None or optimizer is not None:
+        if model is not None:
+            self.model = model
+            self.note_meta(model_kind=phases.model_kind(model))
+        if optimizer is not None:
+            self.optimizer = optimizer
+        # phase hooks that raised before stay off
+        if (model is not None or optimizer is not None) and "phases" not in self._switched_off:
             if "phases" not in self._removers:
-                self.phases = phases.PhaseHooks(self, None, None)
+                self.phases = phases.PhaseHooks(self)
                 self._removers["phases"] = [self.phases.uninstall]
             if model is not None:
-                self.model = model
                 self.phases.add_model(model)
-                self.note_meta(model_kind=phases.model_kind(model))
             if optimizer is not None:
-                self.optimizer = optimizer
                 self.phases.add_optimizer(stepped_optimizer(optimizer))
         if schedule is not None:
             self.pipeline = schedule
