@@ -53,6 +53,16 @@ def _positive(value: str) -> int:
     return int(value)
 
 
+def _positive_float(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        number = float("nan")
+    if not number > 0 or number == float("inf"):
+        raise argparse.ArgumentTypeError(f"wants a number above 0, not {value!r}")
+    return number
+
+
 def _cmd_convert(args: argparse.Namespace) -> int:
     """Convert a folder of PyTorch profiler traces (*.json[.gz]) into a dtprof trace."""
     from dtprof.trace.kineto import scan_ahead
@@ -129,6 +139,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     an.add_argument("--steps", type=_steps, help="analyse steps A (included) to B (excluded)")
     an.add_argument("--ranks", type=_ranks, help="analyse these ranks only, e.g. 0,3,8-15")
+    an.add_argument(
+        "--peak-tflops",
+        type=_positive_float,
+        help="the device's peak TFLOP/s that MFU is measured against (default: dtprof's table"
+        " of accelerators, docs/throughput.md)",
+    )
     dask = an.add_mutually_exclusive_group()
     dask.add_argument(
         "--scheduler",

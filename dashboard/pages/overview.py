@@ -14,6 +14,7 @@ from dashboard.shape import MAX_RANK_BINS, MAX_STEP_BINS, rank_bars, step_bars
 from dashboard.source import Snapshot
 from dtprof.analysis import measures
 from dtprof.analysis.report import Report, severity_rank
+from dtprof.analysis.throughput import throughput
 
 PATH = "/"
 TITLE = "Overview"
@@ -51,6 +52,27 @@ def time_split(steps: pd.DataFrame, max_bins: int = MAX_RANK_BINS) -> pd.DataFra
     return rank_bars(ms, ["compute_ms", "data_ms", "other_ms"], max_bins)
 
 
+def rates(data: RunData) -> dict[str, Any] | None:
+    """The run's throughput and MFU (dtprof.analysis.throughput), made once per run."""
+    return data.cached("throughput", lambda: throughput(data.run))  # type: ignore[no-any-return]
+
+
+def _rate_cards(rate: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """(label, value) of the throughput cards: those the run has."""
+    if not rate:
+        return []
+    cards = [
+        (unit, f"{rate[key]:,.0f}" if rate[key] >= 100 else f"{rate[key]:.3g}")
+        for key, unit in (("samples_per_s", "samples/s"), ("tokens_per_s", "tokens/s"))
+        if rate.get(key) is not None
+    ]
+    if rate.get("mfu_pct") is not None:
+        cards.append(("MFU", f"{rate['mfu_pct']:.1f}%"))
+    elif rate.get("tflops_per_rank") is not None:
+        cards.append(("TFLOP/s per rank", f"{rate['tflops_per_rank']:.3g}"))
+    return cards
+
+
 def _cards(head: dict[str, Any], snap: Snapshot) -> html.Div:
     def card(label: str, value: str) -> html.Div:
         return html.Div(
@@ -69,6 +91,7 @@ def _cards(head: dict[str, Any], snap: Snapshot) -> html.Div:
             card("median step", f"{head['step_ms']:.1f} ms" if "step_ms" in head else "-"),
             card("compute", share("compute_share")),
             card("data", share("data_share")),
+            *(card(label, value) for label, value in _rate_cards(rates(snap.data))),
             card("findings", f"{len(snap.findings)}" + (f" ({worst} worst)" if worst else "")),
         ],
         className="cards",

@@ -25,6 +25,7 @@ from dtprof.analysis.summarize import (
     release_memory,
     summarize_ranks,
 )
+from dtprof.analysis.throughput import throughput
 from dtprof.errors import DtprofError
 from dtprof.parallel import PROCESSES_FROM, PROGRESS_AFTER_S, map_items
 from dtprof.trace.reader import find_rank_dirs
@@ -40,16 +41,20 @@ def analyze(
     progress: bool = False,
     scheduler: str | None = None,
     workers: int | None = None,
+    peak_tflops: float | None = None,
 ) -> Report:
     """Analyse a trace directory: every check on every rank (or the chosen steps and ranks).
 
     Each rank is summarized in this process's threads or processes, or, given a Dask
-    `scheduler` address or a number of local Dask `workers`, on that cluster.
+    `scheduler` address or a number of local Dask `workers`, on that cluster. MFU is measured
+    against ``peak_tflops`` where given, else against the device's peak from dtprof's table.
     """
     root = Path(path)
     started = time.monotonic()
     imported = summarize_imported(root, progress, scheduler, workers)  # None: a dtprof trace
-    return _analyze(root, imported, started, steps, ranks, progress, scheduler, workers)
+    return _analyze(
+        root, imported, started, steps, ranks, progress, scheduler, workers, peak_tflops
+    )
 
 
 def _analyze(
@@ -61,6 +66,7 @@ def _analyze(
     progress: bool,
     scheduler: str | None,
     workers: int | None,
+    peak_tflops: float | None = None,
 ) -> Report:
     """analyze() with the profiler traces' summaries made (None: not profiler traces)."""
     summaries: list[RankSummary | RunSummary]
@@ -105,7 +111,9 @@ def _analyze(
             file=sys.stderr,
             flush=True,
         )
-    return Report(trace=_trace_info(root, run), summary=_summary(run), findings=findings)
+    return Report(
+        trace=_trace_info(root, run), summary=_summary(run, peak_tflops), findings=findings
+    )
 
 
 RELEASE_FROM_ROWS = 1_000_000  # a run this large gives back the heap its parts held
@@ -129,9 +137,9 @@ def _trace_info(root: Path, run: RunSummary) -> dict[str, Any]:
     }
 
 
-def _summary(run: RunSummary) -> dict[str, Any]:
+def _summary(run: RunSummary, peak_tflops: float | None = None) -> dict[str, Any]:
     """Per rank: steps, median step, compute and data time, and the rest of the step (each a
-    median over the rank's steps that have it)."""
+    median over the rank's steps that have it); throughput and MFU where the run has them."""
     steps = run.steps
     if not steps.num_rows:
         return {"ranks": []}
@@ -155,7 +163,10 @@ def _summary(run: RunSummary) -> dict[str, Any]:
             }
         )
         step_ms.append(ms["step_ms"])
-    out = {"ranks": rows, "median_step_ms": _round(nan_median(np.array(step_ms)))}
+    out: dict[str, Any] = {"ranks": rows, "median_step_ms": _round(nan_median(np.array(step_ms)))}
+    rates = throughput(run, peak_tflops)
+    if rates is not None:
+        out["throughput"] = rates
     if run.gpu.num_rows:
         out.update(gpu_summary(run.gpu))
     return out

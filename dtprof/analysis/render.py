@@ -22,6 +22,43 @@ def _headline(report: Report) -> str:
     return f"{t['path']}: {ranks}, {t['steps']} steps{step}"
 
 
+def _throughput(report: Report) -> list[str]:
+    """The job's throughput, and its model FLOPs and MFU, where the run has them: a line each."""
+    t = report.summary.get("throughput")
+    if not t:
+        return []
+    lines = []
+    rates = [
+        f"{_number(t[key])} {unit}/s"
+        for key, unit in (("samples_per_s", "samples"), ("tokens_per_s", "tokens"))
+        if t.get(key) is not None
+    ]
+    if rates:
+        lines.append(f"throughput: {', '.join(rates)} (the sum over {len(t['ranks'])} ranks)")
+    if t.get("tflop_per_step") is not None:
+        line = (
+            f"model FLOPs: {_flop(t['tflop_per_step'] * 1e12)} per step, "
+            f"{_flop(t['tflops_per_rank'] * 1e12)}/s per rank ({t['flops_from']})"
+        )
+        if t.get("mfu_pct") is not None:
+            peak = f" of {t['peak_tflops']:g} TFLOP/s" if t.get("peak_tflops") else ""
+            line += f"; MFU {t['mfu_pct']:.1f}%{peak} ({t['peak_of']})"
+        lines.append(line)
+    return lines
+
+
+def _number(value: float) -> str:
+    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+
+
+def _flop(value: float) -> str:
+    """FLOP with the prefix that suits it: ``189 MFLOP``, ``47.2 TFLOP``."""
+    for prefix, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if value >= scale:
+            return f"{value / scale:.3g} {prefix}FLOP"
+    return f"{value:.3g} FLOP"
+
+
 def _rank_cells(report: Report) -> list[list[str]]:
     """The per-rank table's cells, one list per rank, in _COLUMNS order."""
     return [[_cell(row.get(c)) for c in _COLUMNS] for row in report.summary.get("ranks", [])]
@@ -46,6 +83,8 @@ def _where(f: Finding) -> str:
 def text(report: Report) -> str:
     """Headline, per-rank table, then findings by severity with evidence and a suggestion."""
     lines = [_headline(report), ""]
+    if _throughput(report):
+        lines += [*_throughput(report), ""]
     widths = [max(len(h), 8) for h in _HEADERS]
     lines.append("  ".join(h.rjust(w) for h, w in zip(_HEADERS, widths, strict=True)))
     for cells in _rank_cells(report):
@@ -80,6 +119,8 @@ def _text_finding(f: Finding, lead: str) -> list[str]:
 def markdown(report: Report) -> str:
     """The same as text(), as Markdown."""
     lines = [f"### dtprof: {_headline(report)}", ""]
+    for line in _throughput(report):  # a paragraph each
+        lines += [line, ""]
     lines.append("| " + " | ".join(_HEADERS) + " |")
     lines.append("|" + "---|" * len(_HEADERS))
     for cells in _rank_cells(report):

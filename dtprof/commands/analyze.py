@@ -31,6 +31,7 @@ def run(args: argparse.Namespace) -> int:
                 progress=True,
                 scheduler=args.scheduler,
                 workers=args.workers,
+                peak_tflops=args.peak_tflops,
             )
     finally:
         scan_ahead.stop()

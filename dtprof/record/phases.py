@@ -17,6 +17,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from dtprof.record import ddp_hook
+from dtprof.record.throughput import StepWork
 
 if TYPE_CHECKING:
     from dtprof.record.profiler import Profiler
@@ -48,9 +49,10 @@ class PhaseHooks:
         self._opt_start = 0
         self._handles: list[Any] = []
         self.ddp_buckets = False
+        self.work = StepWork(prof)  # the samples, tokens and FLOPs the forward passes see
 
     def add_model(self, model: torch.nn.Module) -> None:
-        self._handles.append(model.register_forward_pre_hook(self._forward_pre))
+        self._handles.append(model.register_forward_pre_hook(self._forward_pre, with_kwargs=True))
         self._handles.append(model.register_forward_hook(self._forward_post))
         if isinstance(model, torch.nn.parallel.DistributedDataParallel) and self.prof.ddp_buckets:
             self._register_ddp_hook(model)
@@ -94,10 +96,18 @@ class PhaseHooks:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        self.work.close()
 
-    def _forward_pre(self, module: Any, args: Any) -> None:
+    def step_ends(self, step: int) -> None:
+        try:
+            self.work.step_ends(step)
+        except Exception as exc:
+            self.prof.hook_failed("phases", exc)
+
+    def _forward_pre(self, module: Any, args: Any, kwargs: Any) -> None:
         t = now_ns()
         try:
+            self.work.forward_begins(module, args, kwargs)
             if self.data_from_ns is not None:
                 prof = self.prof
                 self.spans.append(
@@ -111,6 +121,7 @@ class PhaseHooks:
     def _forward_post(self, module: Any, args: Any, output: Any) -> None:
         t = now_ns()
         try:
+            self.work.forward_ends()
             self.spans.append(
                 (self.prof.step_index, "forward", "phase", self._fwd_start, t, 0, None, None)
             )

@@ -26,6 +26,7 @@ from dtprof.trace.meta import Config, ExceptionDetail, RankMeta, encode, replace
 from dtprof.trace.schema import INFLIGHT_FILE, META_FILE, SCHEMA_VERSION, rank_dir_name
 
 now_ns = time.perf_counter_ns
+WORK_NAMES = ("samples", "tokens")  # scalars counted from the inputs, unless logged
 
 
 def profile(
@@ -167,6 +168,7 @@ class Profiler:
         self._region_depth = 0
         self._removers: dict[str, list[Any]] = {}
         self._warned: set[str] = set()
+        self.logged_work: set[str] = set()  # of WORK_NAMES, those the script logs itself
         self._pending_scalars: deque[tuple[int, str, torch.Tensor]] = deque()
         self.meta = RankMeta(schema_version=SCHEMA_VERSION, rank=0)
         self._meta_lock = threading.Lock()  # hooks on other threads note fields too
@@ -349,6 +351,8 @@ class Profiler:
             return
         step = self.step_index
         self.steps.append((step, self.step_start_ns, t))
+        if "phases" in self._removers:
+            self.phases.step_ends(step)
         if "step" not in self._switched_off:
             t = self._step_extras(step, t)
         # the next step starts after dtprof's own per-step work, so that its time is charged
@@ -380,12 +384,18 @@ class Profiler:
         return _Region(self, name)
 
     def log(self, **values: Any) -> None:
-        """Record named scalars for this step: floats or 0-d tensors (read without a sync)."""
+        """Record named scalars for this step: floats or 0-d tensors (read without a sync).
+
+        ``samples``, ``tokens`` and ``flops`` (the step's model FLOPs) make the report's
+        throughput and MFU; logging ``samples`` or ``tokens`` replaces the count dtprof makes
+        of them from the model's inputs (dtprof.record.throughput)."""
         if not self.active or "log" in self._switched_off:
             return
         step = self.step_index
         try:
             for name, value in values.items():
+                if name in WORK_NAMES:
+                    self.logged_work.add(name)
                 if isinstance(value, torch.Tensor):
                     if value.device.type != "cpu":
                         # an on-device copy, read later by the writer thread: no sync here,

@@ -111,6 +111,18 @@ class Imported(msgspec.Struct, frozen=True, omit_defaults=True):
     entries: Count | None = None  # flight recorder: entries in the dump
 
 
+class ModelFlops(msgspec.Struct, frozen=True, omit_defaults=True):
+    """The model FLOPs of one training step, counted once (dtprof.record.throughput)."""
+
+    per_step: float  # FLOPs of forward and backward
+    forward: float | None = None  # of the forward passes alone, as counted
+    samples: Count | None = None  # the samples of the step counted
+    tokens: Count | None = None  # its tokens, where its inputs were token ids
+    parameters: Count | None = None  # the model's parameters
+    dtype: str | None = None  # what its matrix products ran in: bf16, fp16, tf32, fp32...
+    method: str = ""
+
+
 class RankMeta(msgspec.Struct, frozen=True, omit_defaults=True):
     """One rank's meta.json."""
 
@@ -123,6 +135,7 @@ class RankMeta(msgspec.Struct, frozen=True, omit_defaults=True):
     pid: Int64 | None = None
     backend: str | None = None
     device: str | None = None
+    device_name: str | None = None  # the accelerator's name (torch.cuda.get_device_name)
     torch_version: str | None = None
     python_version: str | None = None
     started_at: str | None = None
@@ -141,6 +154,7 @@ class RankMeta(msgspec.Struct, frozen=True, omit_defaults=True):
     ddp_buckets: str | None = None
     ended_at: str | None = None
     steps: Count | None = None
+    model_flops: ModelFlops | None = None
     imported: Imported | None = None
 
 

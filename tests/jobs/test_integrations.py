@@ -49,7 +49,7 @@ def test_hugging_face_trainer_with_the_callback(tmp_path: Path) -> None:
         ],
         tmp_path,
     )
-    recorded_as_a_user_expects(tmp_path / "trace", 10)
+    recorded_as_a_user_expects(tmp_path / "trace", 10, samples=2 * 4, tokens=2 * 4 * 32)
 
 
 def test_lightning_ddp_with_the_callback(tmp_path: Path) -> None:
@@ -67,7 +67,7 @@ def test_lightning_ddp_with_the_callback(tmp_path: Path) -> None:
         ],
         tmp_path,
     )
-    recorded_as_a_user_expects(tmp_path / "trace", 12)
+    recorded_as_a_user_expects(tmp_path / "trace", 12, samples=2 * 16)
 
 
 def test_an_accelerate_loop_under_dtprof_run(tmp_path: Path) -> None:
@@ -90,4 +90,4 @@ def test_an_accelerate_loop_under_dtprof_run(tmp_path: Path) -> None:
         ],
         tmp_path,
     )
-    recorded_as_a_user_expects(tmp_path / "trace", 12)
+    recorded_as_a_user_expects(tmp_path / "trace", 12, samples=2 * 16)

@@ -42,6 +42,7 @@ from dtprof.analysis.columns import (
 )
 from dtprof.analysis.report import Finding
 from dtprof.analysis.summarize import RunSummary
+from dtprof.analysis.throughput import job_rates
 
 WARN_SLOWDOWN = 1.10
 ERROR_SLOWDOWN = 1.20
@@ -362,6 +363,8 @@ def _finding(
     np.maximum.at(waited, np.searchsorted(in_steps, arr.wait_step[others]), arr.wait_ns[others])
     saving = np.minimum(np.where(np.isnan(excess), 0.0, np.maximum(excess, 0)), waited)
     speedup = float(np.nansum(step_ns) / np.nansum(step_ns - saving))
+    rates = job_rates(run, in_steps)  # samples/s and tokens/s, where the run has them
+    if_fixed = {f"{name}_if_fixed": round(v * speedup, 1) for name, v in rates.items()}
     first, last = int(in_steps.min()), int(in_steps.max())
     host = run.meta[suspect].host or "?"
     matched = int(culprits.sum())
@@ -372,7 +375,7 @@ def _finding(
             f"rank {suspect} is a straggler: its compute is {slowdown:.2f}x the median and it "
             f"arrived last at {last_share:.0%} of {matched} collectives; the other ranks "
             f"waited {caused_s:.2f} s for it, and steps would be {speedup:.2f}x faster if it "
-            f"ran at the median"
+            f"ran at the median{_throughput_if_fixed(rates, speedup)}"
         )
         suggestion = (
             f"look at rank {suspect}'s host ({host}) and device: clocks and temperature "
@@ -384,7 +387,7 @@ def _finding(
             f"rank {suspect} straggled in steps {first}-{last}: its compute was {slowdown:.2f}x "
             f"the median there and it held the others up in {_held_in(share, first, last)}; "
             f"they waited {caused_s:.2f} s for it, and those steps would be {speedup:.2f}x "
-            "faster without it"
+            f"faster without it{_throughput_if_fixed(rates, speedup)}"
         )
         suggestion = (
             f"find what else ran on rank {suspect}'s host ({host}) around steps {first}-{last}: "
@@ -403,6 +406,8 @@ def _finding(
             "slowdown": round(slowdown, 4),
             "wait_caused_s": round(caused_s, 6),
             "speedup_if_fixed": round(speedup, 4),
+            **rates,
+            **if_fixed,
             "chronic": chronic,
             "last_arrival_share": round(last_share, 4),
             "steps_last": round(share, 4),
@@ -413,6 +418,15 @@ def _finding(
             },
         },
     )
+
+
+def _throughput_if_fixed(rates: dict[str, float], speedup: float) -> str:
+    """``(1,200 -> 1,500 samples/s)``: the job's throughput now and without the straggler."""
+    parts = [
+        f"{v:,.0f} -> {v * speedup:,.0f} {name.removesuffix('_per_s')}/s"
+        for name, v in rates.items()
+    ]
+    return f" ({', '.join(parts)})" if parts else ""
 
 
 def _by_rank_median(rank: np.ndarray, compute: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -1,0 +1,159 @@
+"""Throughput and MFU: what a step's inputs count, the FLOPs of one step, the peak table, and
+the report's figures from a trace recorded in this process."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import dtprof
+from dtprof.analysis import analyze
+from dtprof.analysis.peaks import peak_tflops
+from dtprof.analysis.render import markdown, text
+from dtprof.cli import main
+from dtprof.record.throughput import batch_counts
+
+
+def test_a_forward_pass_counts_its_samples_and_tokens() -> None:
+    ids = torch.zeros(4, 32, dtype=torch.long)
+    assert batch_counts((), {"input_ids": ids, "labels": ids}) == (4, 128)
+    assert batch_counts((), {"inputs_embeds": torch.zeros(4, 32, 8)}) == (4, 128)
+    assert batch_counts((ids,), {}) == (4, 128)  # token ids by position
+    assert batch_counts((torch.zeros(16, 32),), {}) == (16, None)  # features: no tokens
+    assert batch_counts(([torch.zeros(16, 3, 8, 8), torch.zeros(16)], 7), {}) == (16, None)
+    assert batch_counts(({"x": torch.zeros(5, 2)},), {}) == (5, None)
+    assert batch_counts((torch.zeros(6, 3, dtype=torch.bool),), {}) == (6, None)  # a mask
+    assert batch_counts((), {}) is None
+    assert batch_counts((torch.tensor(3.0),), {}) is None
+
+
+def test_the_peak_of_a_device_is_found_by_its_name() -> None:
+    assert peak_tflops("NVIDIA H100 80GB HBM3", "bf16") == (989.0, "NVIDIA H100 SXM, bf16")
+    assert peak_tflops("NVIDIA H100 PCIe", "bf16") == (756.0, "NVIDIA H100 PCIe, bf16")
+    assert peak_tflops("NVIDIA H100 NVL", "fp16") == (835.0, "NVIDIA H100 NVL, fp16")
+    assert peak_tflops("NVIDIA GH200 480GB", "bf16") == (989.0, "NVIDIA GH200, bf16")
+    assert peak_tflops("NVIDIA A100-SXM4-80GB", "tf32") == (156.0, "NVIDIA A100, tf32")
+    assert peak_tflops("NVIDIA L40S", "bf16") == (362.0, "NVIDIA L40S, bf16")
+    assert peak_tflops("NVIDIA L4", "bf16") == (121.0, "NVIDIA L4, bf16")
+    assert peak_tflops("Tesla V100-PCIE-32GB", "fp16") == (112.0, "NVIDIA V100 PCIe, fp16")
+    assert peak_tflops("Tesla V100-SXM2-16GB", "fp16") == (125.0, "NVIDIA V100 SXM2, fp16")
+    assert peak_tflops("AMD Instinct MI300X", "bf16")[0] == 1307.0  # type: ignore[index]
+    assert peak_tflops("AMD Instinct MI250X/MI250", "bf16")[0] == 383.0  # type: ignore[index]
+    assert peak_tflops("NVIDIA A10G", "bf16") is None  # not the A10
+    assert peak_tflops("Tesla V100-SXM2-16GB", "bf16") is None  # no bf16 on a V100
+    assert peak_tflops("cpu", "fp32") is None
+    assert peak_tflops(None, "bf16") is None
+
+
+WIDTH, HIDDEN, OUT, BATCH = 8, 16, 4, 5
+
+
+def _record(trace: Path, steps: int, *, log_samples: bool = False) -> None:
+    model = nn.Sequential(nn.Linear(WIDTH, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, OUT))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with dtprof.profile(trace, model=model, optimizer=opt, clock_sync=False) as prof:
+        for step in range(steps):
+            for _ in range(2):  # two micro-batches per step
+                model(torch.randn(BATCH, WIDTH)).pow(2).mean().backward()
+            with torch.no_grad():
+                model(torch.randn(3, WIDTH))  # an evaluation pass: not counted
+            opt.step()
+            opt.zero_grad()
+            if log_samples:
+                prof.log(samples=100 + step)
+            prof.step()
+
+
+FORWARD_FLOPS = 2 * 2 * BATCH * (WIDTH * HIDDEN + HIDDEN * OUT)  # two passes, 2 per multiply-add
+
+
+def test_a_step_logs_the_samples_of_its_training_passes_and_one_count_of_its_flops(
+    tmp_path: Path,
+) -> None:
+    _record(tmp_path, steps=4)
+    scalars = dtprof.load_trace(tmp_path).scalars
+    samples = scalars[scalars["name"] == "samples"]
+    assert samples["step"].tolist() == [0, 1, 2, 3] and (samples["value"] == 2 * BATCH).all()
+    assert "tokens" not in set(scalars["name"])  # features, not token ids
+    meta = json.loads((tmp_path / "rank=00000" / "meta.json").read_text())
+    assert meta["model_flops"] == {
+        "per_step": 3 * FORWARD_FLOPS,
+        "forward": FORWARD_FLOPS,
+        "samples": 2 * BATCH,
+        "parameters": WIDTH * HIDDEN + HIDDEN + HIDDEN * OUT + OUT,
+        "dtype": "fp32",
+        "method": "FlopCounterMode on one step's forward passes, x3",
+    }
+
+
+def test_samples_the_script_logs_replace_the_count(tmp_path: Path) -> None:
+    _record(tmp_path, steps=3, log_samples=True)
+    scalars = dtprof.load_trace(tmp_path).scalars
+    assert scalars[scalars["name"] == "samples"]["value"].tolist() == [100, 101, 102]
+
+
+def test_the_report_gives_throughput_and_mfu_against_a_stated_peak(tmp_path: Path) -> None:
+    _record(tmp_path, steps=24)
+    trace = dtprof.load_trace(tmp_path)
+    steps = trace.steps[trace.steps["step"] >= 2]  # the warm-up the checks skip too
+    seconds = (steps["end_ns"] - steps["start_ns"]).sum() / 1e9
+    report = analyze(tmp_path, peak_tflops=1e-3)
+    rate = report.summary["throughput"]
+    assert rate["samples_per_s"] == pytest.approx(len(steps) * 2 * BATCH / seconds, rel=1e-3)
+    assert rate["tokens_per_s"] is None
+    assert rate["tflop_per_step"] == pytest.approx(3 * FORWARD_FLOPS / 1e12, rel=1e-3)
+    tflops = len(steps) * 3 * FORWARD_FLOPS / seconds / 1e12
+    assert rate["tflops_per_rank"] == pytest.approx(tflops, rel=1e-3)
+    assert rate["mfu_pct"] == pytest.approx(tflops / 1e-3 * 100, rel=1e-3)
+    assert rate["peak_of"] == "--peak-tflops"
+    assert rate["ranks"][0]["samples_per_s"] == pytest.approx(rate["samples_per_s"], rel=1e-3)
+    shown = text(report).splitlines()
+    assert shown[2].startswith("throughput: ") and shown[2].endswith(
+        " samples/s (the sum over 1 ranks)"
+    )
+    assert shown[3].startswith("model FLOPs: 11.5 kFLOP per step, ")
+    assert shown[3].endswith("; MFU " + f"{rate['mfu_pct']:.1f}% of 0.001 TFLOP/s (--peak-tflops)")
+    assert "\n\nmodel FLOPs: " in markdown(report)
+    on_cpu = analyze(tmp_path).summary["throughput"]  # no peak known for a CPU: no MFU
+    assert on_cpu["mfu_pct"] is None and on_cpu["peak_of"] is None
+    assert np.isclose(on_cpu["tflops_per_rank"], rate["tflops_per_rank"])
+
+
+SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
+
+
+def test_a_trace_without_counts_has_no_throughput() -> None:
+    assert "throughput" not in analyze(SAMPLES / "healthy-ddp").summary
+
+
+@pytest.mark.parametrize("bad", ["0", "-3", "fast", "inf", "nan"])
+def test_a_peak_that_is_not_a_positive_number_is_refused(
+    bad: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["analyze", str(SAMPLES / "healthy-ddp"), "--peak-tflops", bad])
+    assert exited.value.code == 2
+    assert f"--peak-tflops: wants a number above 0, not '{bad}'" in capsys.readouterr().err
+
+
+def test_the_dashboard_overview_shows_the_throughput(tmp_path: Path) -> None:
+    from dashboard.pages import overview
+    from dashboard.source import LiveSource
+
+    _record(tmp_path, steps=12)
+    source = LiveSource(tmp_path)
+    source.refresh()
+    source.refresh()
+    snap = source.snapshot()
+    rate = analyze(tmp_path).summary["throughput"]
+    cards = dict(overview._rate_cards(overview.rates(snap.data)))
+    assert set(cards) == {"samples/s", "TFLOP/s per rank"}  # no MFU on CPU
+    shown = float(cards["samples/s"].replace(",", ""))
+    assert shown == pytest.approx(rate["samples_per_s"], rel=0.01)
+    assert "samples/s" in str(overview.update(snap)[0])
+    assert overview._rate_cards(None) == []
