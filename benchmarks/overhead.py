@@ -12,8 +12,10 @@ timed with and without dtprof on all ranks, interleaved, and dtprof's wrapper ag
 function it wraps in one process on a one-rank group, and a whole training step alone on a
 one-rank group (bare, PyTorch's Python DDP comm hook, dtprof with DDP's buckets seen at the
 dispatcher, through its comm hook, and not at all): the precise per-step costs, free of the
-N ranks' scheduling noise. Progress goes to stderr, the table to stdout; trace folders are
-temporary and removed at the end.
+N ranks' scheduling noise. Last, ``--jobs`` rounds of whole jobs launched as users launch
+them (benchmarks/launched_jobs.py): a DDP script bare and under ``dtprof run``, and a Hugging
+Face Trainer bare and with ``DtprofCallback``. Progress goes to stderr, the table to stdout;
+trace folders are temporary and removed at the end.
 """
 
 from __future__ import annotations
@@ -70,6 +72,14 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--fingerprint-every", type=int, default=10)
     p.add_argument("--calls", type=int, default=200, help="collectives per block and round")
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=3,
+        help="rounds of whole jobs launched as users launch them (benchmarks/launched_jobs.py:"
+        " a DDP script bare and under `dtprof run`, an HF Trainer bare and with DtprofCallback);"
+        " 0: none",
+    )
     p.add_argument("--timeout-s", type=float, default=900, help="kill the job after this long")
     p.add_argument("--fail-above", type=float, help="exit 1 if dtprof's ratio is above this")
     p.add_argument("--worker", metavar="DIR", help=argparse.SUPPRESS)
@@ -404,6 +414,10 @@ def run_job(args: argparse.Namespace, root: Path) -> list[dict[str, Any]] | None
     return json.loads(result.read_text())
 
 
+def _progress(message: str) -> None:
+    print(f"[overhead] {message}", file=sys.stderr, flush=True)
+
+
 def _relay(log: Path, shown: int) -> int:
     """Copy rank 0's progress lines after byte ``shown`` to stderr; returns the new offset."""
     if not log.exists():
@@ -592,6 +606,12 @@ def main(argv: list[str] | None = None) -> int:
     if ranks is None:
         return 1
     table, ratio = report(args, ranks)
+    if args.jobs:
+        import launched_jobs
+
+        steps = {"script": 200, "trainer": 60}
+        results = launched_jobs.run_jobs(args.jobs, args.ranks, steps, _progress)
+        table += "\n\n" + "\n".join(launched_jobs.table(results, args.ranks, steps))
     print(table)
     return 1 if args.fail_above is not None and ratio > args.fail_above else 0
 

@@ -1,11 +1,11 @@
 """Phase hooks: forward, backward, optimizer and the data wait between steps.
 
 forward: the root module's forward pre-hook to its forward hook. backward: from the moment
-the gradient reaches the model's output (a tensor hook) to the end of the autograd pass (a
-callback queued on the autograd engine), before DDP waits for its last bucket. optimizer:
-its step pre- and post-hooks, or from where the step's closure returned (Lightning, LBFGS: the
-closure runs forward and backward inside the step). data: from the end of a step to the next
-forward.
+the gradient reaches the model's output (a hook on the autograd node that made it) to the end
+of the autograd pass (a callback queued on the autograd engine), before DDP waits for its last
+bucket. optimizer: its step pre- and post-hooks, or from where the step's closure returned
+(Lightning, LBFGS: the closure runs forward and backward inside the step). data: from the end
+of a step to the next forward.
 """
 
 from __future__ import annotations
@@ -107,7 +107,6 @@ class PhaseHooks:
     def _forward_pre(self, module: Any, args: Any, kwargs: Any) -> None:
         t = now_ns()
         try:
-            self.work.forward_begins(module, args, kwargs)
             if self.data_from_ns is not None:
                 prof = self.prof
                 self.spans.append(
@@ -115,24 +114,32 @@ class PhaseHooks:
                 )
                 self.data_from_ns = None
             self._fwd_start = t
+            self.work.forward_begins(module, args, kwargs)
         except Exception as exc:
             self.prof.hook_failed("phases", exc)
 
     def _forward_post(self, module: Any, args: Any, output: Any) -> None:
         t = now_ns()
         try:
-            self.work.forward_ends()
+            if self.work.counter is not None:
+                self.work.forward_ends()
             self.spans.append(
                 (self.prof.step_index, "forward", "phase", self._fwd_start, t, 0, None, None)
             )
             if torch.is_grad_enabled():
-                for leaf in tree_leaves(output):
+                # a hook on the node that makes each output: called as its gradient arrives
+                leaves = (output,) if isinstance(output, torch.Tensor) else tree_leaves(output)
+                for leaf in leaves:
                     if isinstance(leaf, torch.Tensor) and leaf.requires_grad:
-                        leaf.register_hook(self._backward_begins)
+                        node = leaf.grad_fn
+                        if node is not None:
+                            node.register_prehook(self._backward_begins)
+                        else:  # a leaf tensor: no node made it
+                            leaf.register_hook(self._backward_begins)
         except Exception as exc:
             self.prof.hook_failed("phases", exc)
 
-    def _backward_begins(self, grad: torch.Tensor) -> None:
+    def _backward_begins(self, grad: Any) -> None:
         try:
             if self._bwd_start is None:
                 self._bwd_start = now_ns()

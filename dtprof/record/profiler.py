@@ -397,7 +397,7 @@ class Profiler:
                 if name in WORK_NAMES:
                     self.logged_work.add(name)
                 if isinstance(value, torch.Tensor):
-                    if value.device.type != "cpu":
+                    if not value.is_cpu:
                         # an on-device copy, read later by the writer thread: no sync here,
                         # and later in-place changes to the caller's tensor do not leak in
                         self._pending_scalars.append((step, name, value.detach().clone()))

@@ -38,18 +38,21 @@ BY_NAME = ("input_ids", "inputs_embeds")  # Hugging Face models' inputs, by keyw
 
 def batch_counts(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, int | None] | None:
     """(samples, tokens or None) of one forward pass's inputs; None where no tensor is seen."""
-    for name in BY_NAME:
-        tensor = kwargs.get(name)
-        if isinstance(tensor, torch.Tensor) and tensor.dim() >= 2:
-            return tensor.shape[0], tensor.shape[0] * tensor.shape[1]
+    if kwargs:
+        for name in BY_NAME:
+            tensor = kwargs.get(name)
+            if isinstance(tensor, torch.Tensor) and tensor.dim() >= 2:
+                return tensor.shape[0], tensor.shape[0] * tensor.shape[1]
     tensor = _first_tensor(args)
-    if tensor is None:
+    if tensor is None and kwargs:
         tensor = _first_tensor(tuple(kwargs.values()))
-    if tensor is None or tensor.dim() == 0:
+    if tensor is None:
         return None
-    ids = tensor.dim() == 2 and not tensor.is_floating_point() and tensor.dtype != torch.bool
-    tokens = tensor.numel() if ids else None
-    return tensor.shape[0], tokens
+    shape = tensor.shape
+    if not shape:
+        return None
+    ids = len(shape) == 2 and not tensor.is_floating_point() and tensor.dtype != torch.bool
+    return shape[0], shape[0] * shape[1] if ids else None
 
 
 def _first_tensor(items: tuple[Any, ...]) -> torch.Tensor | None:
@@ -89,17 +92,20 @@ class StepWork:
             self.samples += counts[0]
             if counts[1] is not None:
                 self.tokens += counts[1]
+        if self.counted or self.counter is not None:
+            return
         # the FLOPs of the step of the first training pass seen (a model is attached between
         # steps, so that step is seen whole), over each of its passes
         step = self.prof.step_index
-        if not self.counted and self.count_step in (None, step) and self.counter is None:
-            from torch.utils.flop_counter import FlopCounterMode
+        if self.count_step is None:
+            self.count_step = step
+            self.compute_dtype = compute_dtype(module)
+        elif self.count_step != step:
+            return
+        from torch.utils.flop_counter import FlopCounterMode
 
-            if self.count_step is None:
-                self.count_step = step
-                self.compute_dtype = compute_dtype(module)
-            self.counter = FlopCounterMode(display=False)
-            self.counter.__enter__()
+        self.counter = FlopCounterMode(display=False)
+        self.counter.__enter__()
 
     def forward_ends(self) -> None:
         if self.counter is not None:

@@ -112,7 +112,7 @@ def test_a_raising_hook_is_switched_off_with_one_warning(
     def broken(*args: object) -> list[object]:
         raise ValueError("injected")
 
-    monkeypatch.setattr("dtprof.record.phases.tree_leaves", broken)
+    monkeypatch.setattr("dtprof.record.phases.StepWork.forward_begins", broken)
     model = nn.Linear(8, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with warnings.catch_warnings(record=True) as caught:

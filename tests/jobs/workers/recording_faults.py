@@ -42,7 +42,7 @@ def main() -> None:
                     def broken(*args: object, **kwargs: object) -> object:
                         raise ValueError("injected fault")
 
-                    phases.tree_leaves = broken  # type: ignore[assignment]
+                    phases.StepWork.forward_begins = broken  # type: ignore[method-assign]
             x = torch.randn(16, 32)
             loss = model(x).square().mean()
             opt.zero_grad()
