@@ -14,16 +14,24 @@ _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 class _Statm:
-    """/proc/self/statm kept open: one pread per reading instead of an open and a close."""
+    """/proc/self/statm kept open: one pread per reading instead of an open and a close. It is
+    opened again in a forked child (/proc/self was resolved at open: the parent's)."""
 
     fd: int | None = None
-    pid = 0
 
     @classmethod
     def resident_pages(cls) -> int:
-        if cls.fd is None or cls.pid != os.getpid():  # /proc/self was resolved at open
-            cls.fd, cls.pid = os.open("/proc/self/statm", os.O_RDONLY), os.getpid()
+        if cls.fd is None:
+            cls.fd = os.open("/proc/self/statm", os.O_RDONLY)
         return int(os.pread(cls.fd, 128, 0).split()[1])
+
+    @classmethod
+    def forget(cls) -> None:
+        cls.fd = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_Statm.forget)
 
 
 def rss_bytes() -> int:

@@ -43,7 +43,8 @@ def batch_counts(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, in
             tensor = kwargs.get(name)
             if isinstance(tensor, torch.Tensor) and tensor.dim() >= 2:
                 return tensor.shape[0], tensor.shape[0] * tensor.shape[1]
-    tensor = _first_tensor(args)
+    first = args[0] if args else None
+    tensor = first if isinstance(first, torch.Tensor) else _first_tensor(args)
     if tensor is None and kwargs:
         tensor = _first_tensor(tuple(kwargs.values()))
     if tensor is None:
@@ -51,8 +52,12 @@ def batch_counts(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, in
     shape = tensor.shape
     if not shape:
         return None
-    ids = len(shape) == 2 and not tensor.is_floating_point() and tensor.dtype != torch.bool
-    return shape[0], shape[0] * shape[1] if ids else None
+    if len(shape) == 2 and tensor.dtype in TOKEN_IDS:
+        return shape[0], shape[0] * shape[1]
+    return shape[0], None
+
+
+TOKEN_IDS = frozenset({torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8})
 
 
 def _first_tensor(items: tuple[Any, ...]) -> torch.Tensor | None:
@@ -92,10 +97,13 @@ class StepWork:
             self.samples += counts[0]
             if counts[1] is not None:
                 self.tokens += counts[1]
-        if self.counted or self.counter is not None:
-            return
-        # the FLOPs of the step of the first training pass seen (a model is attached between
-        # steps, so that step is seen whole), over each of its passes
+        if not self.counted and self.counter is None:
+            self._count_flops(module)
+
+    def _count_flops(self, module: torch.nn.Module) -> None:
+        """Count the FLOPs of this forward pass, if it is one of the step that counts: that of
+        the first training pass seen (a model is attached between steps, so that step is seen
+        whole)."""
         step = self.prof.step_index
         if self.count_step is None:
             self.count_step = step
@@ -116,7 +124,8 @@ class StepWork:
     def step_ends(self, step: int) -> None:
         """Log this step's samples and tokens (unless the script logs its own); note the FLOPs
         once the step they were counted in ends."""
-        self.forward_ends()  # a forward pass that raised without its post-hook
+        if self.counter is not None:  # a forward pass that raised without its post-hook
+            self.forward_ends()
         if self.seen and self._first_stage():
             logged = self.prof.logged_work
             if "samples" not in logged:
