@@ -105,21 +105,34 @@ class StepWork:
         the first training pass seen (a model is attached between steps, so that step is seen
         whole)."""
         step = self.prof.step_index
-        if self.count_step is None:
-            self.count_step = step
-            self.compute_dtype = compute_dtype(module)
-        elif self.count_step != step:
-            return
-        from torch.utils.flop_counter import FlopCounterMode
+        try:
+            if self.count_step is None:
+                self.count_step = step
+                self.compute_dtype = compute_dtype(module)
+            elif self.count_step != step:
+                return
+            from torch.utils.flop_counter import FlopCounterMode
 
-        self.counter = FlopCounterMode(display=False)
-        self.counter.__enter__()
+            self.counter = FlopCounterMode(display=False)
+            self.counter.__enter__()
+        except Exception as exc:
+            self._give_up(exc)
 
     def forward_ends(self) -> None:
         if self.counter is not None:
             counter, self.counter = self.counter, None
-            counter.__exit__(None, None, None)
-            self.forward_flops += counter.get_total_flops()
+            try:
+                counter.__exit__(None, None, None)
+                self.forward_flops += counter.get_total_flops()
+            except Exception as exc:
+                self._give_up(exc)
+
+    def _give_up(self, exc: Exception) -> None:
+        """Counting FLOPs failed (an older torch, a model the counter cannot run): no count,
+        said once as any hook's failure is; samples, tokens and the phases go on."""
+        self.counter = None
+        self.counted = True
+        self.prof.hook_failed("flops", exc)
 
     def step_ends(self, step: int) -> None:
         """Log this step's samples and tokens (unless the script logs its own); note the FLOPs

@@ -17,6 +17,7 @@ from dtprof.analysis.peaks import peak_tflops
 from dtprof.analysis.render import markdown, text
 from dtprof.cli import main
 from dtprof.record.throughput import batch_counts
+from dtprof.record.writer import DtprofWarning
 
 
 def test_a_forward_pass_counts_its_samples_and_tokens() -> None:
@@ -157,3 +158,18 @@ def test_the_dashboard_overview_shows_the_throughput(tmp_path: Path) -> None:
     assert shown == pytest.approx(rate["samples_per_s"], rel=0.01)
     assert "samples/s" in str(overview.update(snap)[0])
     assert overview._rate_cards(None) == []
+
+
+def test_a_flop_count_that_fails_is_given_up_and_the_rest_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(module: nn.Module) -> str:
+        raise TypeError("is_autocast_enabled() takes no arguments")  # as an older torch says
+
+    monkeypatch.setattr("dtprof.record.throughput.compute_dtype", broken)
+    with pytest.warns(DtprofWarning, match="the flops hook raised TypeError"):
+        _record(tmp_path, steps=3)
+    trace = dtprof.load_trace(tmp_path)
+    assert trace.meta[0].disabled_hooks == ("flops",) and trace.meta[0].model_flops is None
+    assert (trace.scalars[trace.scalars["name"] == "samples"]["value"] == 2 * BATCH).all()
+    assert set(trace.spans["name"]) >= {"forward", "backward", "optimizer"}
