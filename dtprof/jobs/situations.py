@@ -288,7 +288,7 @@ def faulty_hooks(args: argparse.Namespace) -> None:
         return call
 
     # one call per forward pass; about two buckets per step
-    phases.tree_leaves = broken(phases.tree_leaves, 3)  # type: ignore[assignment]
+    phases.StepWork.forward_begins = broken(phases.StepWork.forward_begins, 3)  # type: ignore[method-assign,assignment]
     comms.CommRecorder.launched = broken(comms.CommRecorder.launched, 6)  # type: ignore[method-assign,assignment]
     ddp_buckets.NativeBuckets._row = broken(ddp_buckets.NativeBuckets._row, 6)  # type: ignore[method-assign,assignment]
     model, opt = _ddp(args)
