@@ -14,7 +14,7 @@ from dashboard.shape import MAX_RANK_BINS, MAX_STEP_BINS, rank_bars, step_bars
 from dashboard.source import Snapshot
 from dtprof.analysis import measures
 from dtprof.analysis.report import Report, severity_rank
-from dtprof.analysis.throughput import throughput
+from dtprof.analysis.throughput import rate_text, throughput
 
 PATH = "/"
 TITLE = "Overview"
@@ -62,7 +62,7 @@ def _rate_cards(rate: dict[str, Any] | None) -> list[tuple[str, str]]:
     if not rate:
         return []
     cards = [
-        (unit, f"{rate[key]:,.0f}" if rate[key] >= 100 else f"{rate[key]:.3g}")
+        (unit, rate_text(rate[key]))
         for key, unit in (("samples_per_s", "samples/s"), ("tokens_per_s", "tokens/s"))
         if rate.get(key) is not None
     ]

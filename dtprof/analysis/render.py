@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dtprof.analysis.report import Finding, Report
+from dtprof.analysis.throughput import rate_text
 
 _COLUMNS = ("rank", "steps", "step_ms", "compute_ms", "data_ms", "other_ms")
 _HEADERS = ("rank", "steps", "step ms", "compute ms", "data ms", "other ms")
@@ -29,7 +30,7 @@ def _throughput(report: Report) -> list[str]:
         return []
     lines = []
     rates = [
-        f"{_number(t[key])} {unit}/s"
+        f"{rate_text(t[key])} {unit}/s"
         for key, unit in (("samples_per_s", "samples"), ("tokens_per_s", "tokens"))
         if t.get(key) is not None
     ]
@@ -45,10 +46,6 @@ def _throughput(report: Report) -> list[str]:
             line += f"; MFU {t['mfu_pct']:.1f}%{peak} ({t['peak_of']})"
         lines.append(line)
     return lines
-
-
-def _number(value: float) -> str:
-    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
 
 
 def _flop(value: float) -> str:

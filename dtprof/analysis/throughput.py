@@ -160,6 +160,12 @@ def job_rates(run: RunSummary, steps: np.ndarray) -> dict[str, float]:
     return out
 
 
+def rate_text(value: float) -> str:
+    """A rate as the reports, findings and dashboard show it: ``1,234`` from 100 on, else three
+    significant digits (``3.27``)."""
+    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+
+
 def _peak(meta: RankMeta | None, stated: float | None) -> tuple[float, str] | None:
     if stated is not None:
         return stated, "--peak-tflops"

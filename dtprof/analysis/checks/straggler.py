@@ -42,7 +42,7 @@ from dtprof.analysis.columns import (
 )
 from dtprof.analysis.report import Finding
 from dtprof.analysis.summarize import RunSummary
-from dtprof.analysis.throughput import job_rates
+from dtprof.analysis.throughput import job_rates, rate_text
 
 WARN_SLOWDOWN = 1.10
 ERROR_SLOWDOWN = 1.20
@@ -423,7 +423,7 @@ def _finding(
 def _throughput_if_fixed(rates: dict[str, float], speedup: float) -> str:
     """``(1,200 -> 1,500 samples/s)``: the job's throughput now and without the straggler."""
     parts = [
-        f"{v:,.0f} -> {v * speedup:,.0f} {name.removesuffix('_per_s')}/s"
+        f"{rate_text(v)} -> {rate_text(v * speedup)} {name.removesuffix('_per_s')}/s"
         for name, v in rates.items()
     ]
     return f" ({', '.join(parts)})" if parts else ""
