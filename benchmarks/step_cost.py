@@ -1,15 +1,25 @@
 """The fixed per-step cost of recording, counted in instructions: a tiny model's training step
-in one process, bare and under dtprof, run under valgrind (cachegrind, no cache simulation).
+in one process, bare and under dtprof, run under valgrind (callgrind).
 
-    python benchmarks/step_cost.py [--steps 200,1200] [--tree PATH ...]
+    python benchmarks/step_cost.py [--steps 1000] [--tree PATH ...]
 
 Timing this cost on a shared machine is hopeless below about 50 µs (two identical bare runs
-differ by that much); the instructions a process executes are the same from run to run.
-Each mode runs at two step counts; the difference over the extra steps is the instructions per
-step, every thread's (dtprof's writer included: its flush interval is stretched as valgrind
-slows the process, so that a flush carries as many steps as it would natively). The cost in
-µs is the extra instructions at the bare step's own rate, measured natively beside. Each
-``--tree`` (a checkout of dtprof) is measured as dtprof, to compare versions.
+differ by that much); the instructions a process executes in a stretch of its run are the same
+from run to run (two bare runs here: within 0.3%). Each mode runs in its own process, which
+counts only inside two windows it opens itself (callgrind's client requests, through a tiny C
+shim built here), after 50 warm-up steps:
+
+- **steps**: ``--steps`` training steps (every thread; dtprof's writer is told not to flush);
+- **flush**: one flush of those steps' rows by dtprof's writer, its tick included (natively,
+  at 0.5 s, it flushes about every 1,600 of these steps: charging one flush to ``--steps``
+  steps overstates its share a little).
+
+The cost in µs is the extra instructions at the bare step's own rate, measured natively beside.
+Modes: bare; hooks, the hooks dtprof's phases use (a module's forward pre- and post-hook, a
+pre-hook on the output's autograd node that queues a callback at the pass's end, the
+optimizer's step pre- and post-hook) with empty bodies, what PyTorch charges for them alone;
+dtprof; and each ``--tree`` (a checkout of dtprof) as dtprof, to compare versions. Needs
+valgrind and its headers (Debian: valgrind) and a C compiler.
 """
 
 from __future__ import annotations
@@ -21,28 +31,47 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
-SLOWDOWN = 50  # about how much slower a process runs under valgrind
-FLUSH_S = 0.5  # dtprof's default flush interval
+WINDOW_C = """
+#include <valgrind/callgrind.h>
+void window_open(void) { CALLGRIND_ZERO_STATS; CALLGRIND_START_INSTRUMENTATION; }
+void window_close(const char *name) {
+  CALLGRIND_DUMP_STATS_AT(name);
+  CALLGRIND_STOP_INSTRUMENTATION;
+}
+"""
 TRAIN = """
-import contextlib, os, sys, tempfile, time, torch
+import contextlib, ctypes, os, sys, tempfile, time, torch
 from torch import nn
 torch.set_num_threads(1)
 mode, steps = sys.argv[1], int(sys.argv[2])
+window = ctypes.CDLL(os.environ["WINDOW_SO"]) if os.environ.get("WINDOW_SO") else None
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 x = torch.randn(4, 8)
 ctx = contextlib.nullcontext()
+if mode == "hooks":  # the hooks dtprof's phases use, doing nothing: what PyTorch charges for them
+    def nothing(*args, **kwargs):
+        return None
+    def on_gradient(grad):
+        torch.autograd.Variable._execution_engine.queue_callback(nothing)
+    def on_output(module, args, output):
+        output.grad_fn.register_prehook(on_gradient)
+    model.register_forward_pre_hook(nothing, with_kwargs=True)
+    model.register_forward_hook(on_output)
+    opt.register_step_pre_hook(nothing)
+    opt.register_step_post_hook(nothing)
 if mode == "dtprof":
     import dtprof
     ctx = dtprof.profile(tempfile.mkdtemp(), model=model, optimizer=opt, clock_sync=False,
-                         flush_interval_s=float(os.environ["FLUSH_S"]))
-with ctx as prof:
-    start = time.perf_counter_ns()
-    for _ in range(steps):
+                         flush_interval_s=1e6)  # flushed in its own window below
+
+def train(n):
+    for _ in range(n):
         loss = model(x).sum()
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -50,24 +79,59 @@ with ctx as prof:
         if prof is not None:
             prof.log(loss=loss)
             prof.step()
-print((time.perf_counter_ns() - start) / steps)
+
+def flush():
+    for tick in prof.writer._tick_hooks:
+        tick()
+    prof.writer.flush()
+
+with ctx as prof:
+    train(50)
+    if prof is not None:
+        flush()
+    if window is None:  # natively: the bare step's time
+        start = time.perf_counter_ns()
+        train(steps)
+        print((time.perf_counter_ns() - start) / steps)
+    else:
+        window.window_open()
+        train(steps)
+        window.window_close(b"steps")
+        if prof is not None:
+            window.window_open()
+            flush()
+            window.window_close(b"flush")
 """
 
 
-def instructions(mode: str, steps: int, tree: Path | None) -> int:
-    """Instructions the whole process executed (every thread)."""
-    env = {**os.environ, "PYTHONHASHSEED": "0", "FLUSH_S": str(FLUSH_S * SLOWDOWN)}
-    if tree is not None:
-        env["PYTHONPATH"] = str(tree)
+def build_window(folder: Path) -> Path:
+    """The C shim whose two functions open and close a counting window."""
+    source, library = folder / "window.c", folder / "window.so"
+    source.write_text(WINDOW_C)
+    compiler = os.environ.get("CC", "cc")
+    subprocess.run([compiler, "-O2", "-shared", "-fPIC", "-o", str(library), str(source)],
+                   check=True, capture_output=True)  # fmt: skip
+    return library
+
+
+def windows(mode: str, steps: int, env: dict[str, str], folder: Path) -> dict[str, int]:
+    """Instructions counted in each window the training process opened, by window name."""
+    out = folder / f"callgrind.{len(list(folder.iterdir()))}"
     done = subprocess.run(
-        ["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null",
+        ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}",
          sys.executable, "-c", TRAIN, mode, str(steps)],
-        capture_output=True, text=True, env=env, timeout=1800,
+        capture_output=True, text=True, env=env, timeout=3600,
     )  # fmt: skip
-    found = re.search(r"I\s+refs:\s+([\d,]+)", done.stderr)
-    if done.returncode != 0 or found is None:
-        raise RuntimeError(f"valgrind run failed ({mode}, {steps} steps):\n{done.stderr[-2000:]}")
-    return int(found.group(1).replace(",", ""))
+    counts = {}
+    for dump in folder.glob(f"{out.name}.*"):
+        text = dump.read_text()
+        name = re.search(r"^desc: Trigger: Client Request: (\w+)", text, re.M)
+        total = re.search(r"^(?:summary|totals): (\d+)", text, re.M)
+        if name and total:
+            counts[name.group(1)] = int(total.group(1))
+    if done.returncode != 0 or "steps" not in counts:
+        raise RuntimeError(f"valgrind run failed ({mode}):\n{done.stderr[-2000:]}")
+    return counts
 
 
 def native_step_ns(steps: int, rounds: int = 5) -> float:
@@ -83,34 +147,42 @@ def native_step_ns(steps: int, rounds: int = 5) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--steps", default="200,1200", help="the two step counts (default 200,1200)")
+    p.add_argument("--steps", type=int, default=1000, help="steps counted (default 1000)")
     p.add_argument("--tree", action="append", type=Path, help="a dtprof checkout to measure")
     args = p.parse_args(argv)
     if shutil.which("valgrind") is None:
         print("step_cost: needs valgrind (apt-get install valgrind)", file=sys.stderr)
         return 2
-    low, high = (int(n) for n in args.steps.split(","))
-    trees: list[Path | None] = list(args.tree or [None])
-
-    def per_step(mode: str, tree: Path | None) -> float:
-        a = instructions(mode, low, tree)
-        b = instructions(mode, high, tree)
-        return (b - a) / (high - low)
-
     started = time.monotonic()
-    bare = per_step("bare", trees[0])
-    step_ns = native_step_ns(high)
+    here = Path(__file__).resolve().parent.parent
+    modes = [("bare", here), ("hooks", here), ("dtprof", here)]
+    modes += [(str(tree), tree) for tree in args.tree or []]
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        base_env = {**os.environ, "PYTHONHASHSEED": "0", "WINDOW_SO": str(build_window(folder))}
+        counted = {}
+        for name, tree in modes:
+            print(f"step_cost: {name} ...", file=sys.stderr, flush=True)
+            env = {**base_env, "PYTHONPATH": str(tree)}
+            mode = name if tree == here else "dtprof"
+            counted[name] = windows(mode, args.steps, env, folder)
+    step_ns = native_step_ns(args.steps)
+    bare = counted["bare"]["steps"] / args.steps
     rate = bare / step_ns  # instructions per ns of the bare step
     lines = [
-        f"one process, MLP 8-8-4, batch 4: {high - low} steps counted under valgrind;"
-        f" bare step {step_ns / 1e3:.1f} µs natively, {bare:,.0f} instructions",
-        f"{'dtprof':<40}{'instructions/step':>18}{'extra':>12}{'≈ µs':>8}",
+        f"one process, MLP 8-8-4, batch 4, prof.log(loss=loss) each step: {args.steps} steps"
+        f" counted under valgrind; bare step {step_ns / 1e3:.1f} µs natively,"
+        f" {bare:,.0f} instructions",
+        f"{'mode':<32}{'steps: instr/step':>18}{'+ flush':>9}{'extra':>10}{'≈ µs':>7}",
     ]
-    for tree in trees:
-        cost = per_step("dtprof", tree)
-        extra = cost - bare
-        name = str(tree) if tree is not None else "this checkout"
-        lines.append(f"{name:<40}{cost:>18,.0f}{extra:>+12,.0f}{extra / rate / 1e3:>+8.1f}")
+    for name, _ in modes:
+        steps = counted[name]["steps"] / args.steps
+        flush = counted[name].get("flush", 0) / args.steps
+        extra = steps + flush - bare
+        lines.append(
+            f"{name[:31]:<32}{steps:>18,.0f}{flush:>+9,.0f}{extra:>+10,.0f}"
+            f"{extra / rate / 1e3:>+7.1f}"
+        )
     lines.append(f"({time.monotonic() - started:.0f} s)")
     print("\n".join(lines))
     return 0

@@ -27,9 +27,9 @@ if ! python -c "import torch" 2>/dev/null; then
   pip_install "${TORCH_SPEC:-torch==2.13.0}"
 fi
 bash scripts/native.sh --compiler
-extras=native${DTPROF_EXTRAS:+,$DTPROF_EXTRAS}
-echo "setup: installing dtprof[$extras] (editable)"
-pip_install -e ".[$extras]"
+extras=${DTPROF_EXTRAS:+[$DTPROF_EXTRAS]}
+echo "setup: installing dtprof$extras (editable)"
+pip_install -e ".$extras"
 # what pip does for a regular install: bytecode compiled once, not at every command's start
 # (where PYTHONDONTWRITEBYTECODE is set, Python would otherwise compile dtprof every time)
 python -m compileall -q dtprof dashboard >/dev/null

@@ -40,6 +40,30 @@ def _train(prof, model, opt, steps: int = 3) -> None:
         prof.step()
 
 
+def test_each_backward_pass_of_a_step_is_a_span(tmp_path: Path) -> None:
+    """Two micro-batches a step: two backward passes, each inside its step, after its forward."""
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with dtprof.profile(tmp_path, model=model, optimizer=opt, clock_sync=False) as prof:
+        for _ in range(3):
+            for _ in range(2):
+                model(torch.randn(4, 8)).sum().backward()
+            with torch.no_grad():
+                model(torch.randn(4, 8))  # evaluation: no backward to watch
+            opt.step()
+            opt.zero_grad()
+            prof.step()
+    trace = dtprof.load_trace(tmp_path)
+    spans = trace.spans
+    for step, rows in spans.groupby("step"):
+        names = [n for n in rows["name"] if n != "data"]
+        assert names == ["forward", "backward", "forward", "backward", "forward", "optimizer"]
+        step_row = trace.steps[trace.steps["step"] == step].iloc[0]
+        assert step_row["start_ns"] <= rows["start_ns"].min()
+        assert rows["end_ns"].max() <= step_row["end_ns"]
+        assert (rows["end_ns"] >= rows["start_ns"]).all()
+
+
 def test_regions_nest_and_close_even_when_their_block_raises(tmp_path: Path, fake_clock) -> None:
     with dtprof.profile(tmp_path, clock_sync=False) as prof:
         with prof.region("outer"), pytest.raises(KeyError), prof.region("inner"):
