@@ -141,8 +141,8 @@ def _summary(run: RunSummary, peak_tflops: float | None = None) -> dict[str, Any
     """Per rank: steps, median step, compute and data time, and the rest of the step (each a
     median over the rank's steps that have it); throughput and MFU where the run has them."""
     steps = run.steps
-    if not steps.num_rows:
-        return {"ranks": []}
+    if not steps.num_rows:  # a profiler trace without steps: its GPU figures, the whole trace
+        return {"ranks": [], **(gpu_summary(run.gpu) if run.gpu.num_rows else {})}
     rank = values(steps, "rank")
     order = np.argsort(rank, kind="stable")
     ranks, starts = np.unique(rank[order], return_index=True)

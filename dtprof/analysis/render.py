@@ -67,6 +67,9 @@ _GPU_HEADERS = ("rank", "GPU span ms", "idle %", "compute %", "non-compute %", "
                 "overlap %")  # fmt: skip
 
 
+NO_STEPS = "no training steps (no ProfilerStep#N): the GPU figures cover the whole trace"
+
+
 def _gpu_cells(report: Report) -> list[list[str]]:
     """Per-rank GPU figures (imported profiler traces only), in _GPU_COLUMNS order."""
     gpu = report.summary.get("gpu") or {}
@@ -82,11 +85,14 @@ def text(report: Report) -> str:
     lines = [_headline(report), ""]
     if _throughput(report):
         lines += [*_throughput(report), ""]
-    widths = [max(len(h), 8) for h in _HEADERS]
-    lines.append("  ".join(h.rjust(w) for h, w in zip(_HEADERS, widths, strict=True)))
-    for cells in _rank_cells(report):
-        lines.append("  ".join(c.rjust(w) for c, w in zip(cells, widths, strict=True)))
-    lines.append("")
+    if _rank_cells(report):
+        widths = [max(len(h), 8) for h in _HEADERS]
+        lines.append("  ".join(h.rjust(w) for h, w in zip(_HEADERS, widths, strict=True)))
+        for cells in _rank_cells(report):
+            lines.append("  ".join(c.rjust(w) for c, w in zip(cells, widths, strict=True)))
+        lines.append("")
+    elif _gpu_cells(report):
+        lines += [NO_STEPS, ""]
     if _gpu_cells(report):
         gw = [max(len(h), 8) for h in _GPU_HEADERS]
         lines.append("  ".join(h.rjust(w) for h, w in zip(_GPU_HEADERS, gw, strict=True)))
@@ -118,11 +124,14 @@ def markdown(report: Report) -> str:
     lines = [f"### dtprof: {_headline(report)}", ""]
     for line in _throughput(report):  # a paragraph each
         lines += [line, ""]
-    lines.append("| " + " | ".join(_HEADERS) + " |")
-    lines.append("|" + "---|" * len(_HEADERS))
-    for cells in _rank_cells(report):
-        lines.append("| " + " | ".join(cells) + " |")
-    lines.append("")
+    if _rank_cells(report):
+        lines.append("| " + " | ".join(_HEADERS) + " |")
+        lines.append("|" + "---|" * len(_HEADERS))
+        for cells in _rank_cells(report):
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+    elif _gpu_cells(report):
+        lines += [NO_STEPS, ""]
     if _gpu_cells(report):
         lines.append("| " + " | ".join(_GPU_HEADERS) + " |")
         lines.append("|" + "---|" * len(_GPU_HEADERS))

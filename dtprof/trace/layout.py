@@ -6,7 +6,7 @@ import os
 
 RANK_DIR_PREFIX = "rank="  # a trace directory holds one rank=NNNNN folder per rank
 SCHEMA_VERSION = 1  # the trace directory's layout (docs/trace-format.md, Schema version)
-IMPORTER_VERSION = 3  # bump when the profiler-trace mapping changes: cached conversions are redone
+IMPORTER_VERSION = 4  # bump when the profiler-trace mapping changes: cached conversions are redone
 
 
 def has_rank_dirs(folder: str | os.PathLike[str]) -> bool:

@@ -451,6 +451,21 @@ def test_figures_agree_with_hta_on_the_reference_traces(name: str) -> None:
             assert abs(mine[key] - row[theirs]) <= TOLERANCE_POINTS, (row["rank"], key)
 
 
+@pytest.mark.parametrize("file", ["simple_add", "mtia_rank_0", "inference_rank_1"])
+def test_traces_without_steps_get_the_gpu_figures_hta_gives_them(file: str) -> None:
+    """No ProfilerStep#N (a one-op benchmark; an MTIA accelerator's trace, with one step; an
+    inference trace in the older category names): the whole trace is the window."""
+    folder = _reference("hta_unstepped")
+    expected = json.loads((folder / "figures.json").read_text())["files"][f"{file}.json.gz"]
+    mine = gpu_rows(folder / f"{file}.json.gz")[expected["rank"]]
+    for theirs, key in (
+        ("idle_time_pctg", "idle_pct"),
+        ("compute_time_pctg", "compute_pct"),
+        ("non_compute_time_pctg", "non_compute_pct"),
+    ):
+        assert abs(mine[key] - expected[theirs]) <= TOLERANCE_POINTS, (key, mine[key])
+
+
 def test_v100_reference_matches_hta_050_run_here() -> None:
     """HTA 0.5.0 run here (benchmarks/vs_hta.py): 46.08 / 35.55 / 18.37 %, 0% overlap."""
     row = gpu_rows(_reference("hta_v100_allreduce_1rank"))[1]

@@ -63,15 +63,16 @@ def read(path: Path) -> KinetoFile | str:
     launch_ts = ns_from_us(cols["launch_ts"])
     cpu_ts = ns_from_us(cols["cpu_ts"])
     cpu_end = ends_ns(cpu_ts, cols["cpu_dur"])
-    gpu_tid, stream = cols["gpu_tid"], cols["gpu_stream"]
     launch_correlation = cols["launch_correlation"]
     keep = launch_correlation >= 0  # a launch without one matches no GPU event
     return KinetoFile(
         path=path,
         header=header,
-        gpu=Cols(strings(cols, "gpu_name"), gpu_ts, gpu_end, cols["gpu_pid"], gpu_tid, args=[]),
+        gpu=Cols(
+            strings(cols, "gpu_name"), gpu_ts, gpu_end, cols["gpu_pid"], cols["gpu_tid"], args=[]
+        ),
         gpu_cat=strings(cols, "gpu_cat"),
-        gpu_stream=np.where(stream < 0, gpu_tid, stream),
+        gpu_stream=cols["gpu_stream"],
         gpu_correlation=cols["gpu_correlation"],
         gpu_bytes=cols["gpu_bytes"],
         launch_ts_ns=launch_ts[keep],
@@ -92,7 +93,7 @@ def read(path: Path) -> KinetoFile | str:
         memory_reserved=cols["memory_reserved"],
         events=events,
         reader="native",
-    )
+    ).counted_device_events()
 
 
 def _args(cols: dict[str, np.ndarray]) -> list[Args | None]:

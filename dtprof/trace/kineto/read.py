@@ -16,7 +16,7 @@ whole and fractional microseconds so that absolute stamps keep their nanoseconds
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from operator import attrgetter
 from pathlib import Path
 from typing import Any
@@ -37,8 +37,10 @@ from dtprof.trace.kineto.events import (
     stream,
 )
 
-GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset", "Kernel", "Memcpy", "Memset")
-LAUNCH_CATS = ("cuda_runtime", "cuda_driver", "Runtime", "Driver")
+# device activity: CUDA's, older traces' (capitalized), MTIA's (an accelerator, not CUDA)
+MTIA_DEVICE = "mtia_ccp_events"
+GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset", "Kernel", "Memcpy", "Memset", MTIA_DEVICE)
+LAUNCH_CATS = ("cuda_runtime", "cuda_driver", "Runtime", "Driver", "mtia_runtime")
 STEP_RE = r"^ProfilerStep\s*#\s*(?P<number>\d+)"
 COMM_ANNOTATION_RE = r"^(nccl|gloo|mpi|ucc|xccl):"
 COLS_FIELDS = ("name", "ts_ns", "end_ns", "pid", "tid")
@@ -112,7 +114,7 @@ class KinetoFile:
     header: dict[str, Any]  # the top-level keys of HEADER_KEYS the file has
     gpu: Cols  # kernels, memcpy, memset; args reduced to the columns below
     gpu_cat: pa.Array
-    gpu_stream: np.ndarray
+    gpu_stream: np.ndarray  # the event's stream; as read, -1 where it names none
     gpu_correlation: np.ndarray
     gpu_bytes: np.ndarray
     launch_ts_ns: np.ndarray  # CUDA runtime / driver calls with a correlation id
@@ -126,6 +128,31 @@ class KinetoFile:
     memory_reserved: np.ndarray
     events: int
     reader: str = "python"  # or "native": native.py read it
+
+    def counted_device_events(self) -> KinetoFile:
+        """The file as the importer maps it: the device events HTA counts, each with a stream.
+
+        An MTIA event that names no stream (its DMA requests) is not one of them, as HTA leaves
+        it out of its figures; any other device event without one takes its thread's number
+        (the stream, in the trace's layout)."""
+        stream, gpu = self.gpu_stream, self.gpu
+        mtia = pc.fill_null(pc.equal(self.gpu_cat, MTIA_DEVICE), False)
+        keep = ~(mtia.to_numpy(zero_copy_only=False) & (stream < 0))
+        if keep.all():
+            return replace(self, gpu_stream=np.where(stream < 0, gpu.tid, stream))
+        mask = pa.array(keep)
+        kept = Cols(
+            gpu.name.filter(mask), gpu.ts_ns[keep], gpu.end_ns[keep], gpu.pid[keep],
+            gpu.tid[keep], gpu.args,
+        )  # fmt: skip
+        return replace(
+            self,
+            gpu=kept,
+            gpu_cat=self.gpu_cat.filter(mask),
+            gpu_stream=np.where(stream[keep] < 0, kept.tid, stream[keep]),
+            gpu_correlation=self.gpu_correlation[keep],
+            gpu_bytes=self.gpu_bytes[keep],
+        )
 
     @property
     def base_ns(self) -> int:
@@ -233,7 +260,7 @@ def _chunk_columns(events: list[Event]) -> dict[str, Any]:
     out.update(gpu)
     stream = _fast_ints(_arg(gpu_args, "stream"), -1)
     out.update(
-        gpu_stream=np.where(stream < 0, out["gpu_tid"], stream),
+        gpu_stream=stream,
         gpu_correlation=_fast_ints(_arg(gpu_args, "correlation"), -1),
         gpu_bytes=_fast_ints(_arg(gpu_args, "bytes"), -1),
     )
@@ -294,7 +321,7 @@ def read_kineto(path: str | Path, native: bool = True) -> KinetoFile:
 
     return KinetoFile(
         path=path, header=header, gpu=cols("gpu"), cpu=cols("cpu"), events=events, **col
-    )
+    ).counted_device_events()
 
 
 def _read_whole(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:

@@ -53,7 +53,8 @@ unsigned category_kind(std::string_view c) {
     case 7: launch = is(c, "Runtime"); break;
     case 10: gpu = is(c, "gpu_memcpy") || is(c, "gpu_memset"); break;
     case 11: launch = is(c, "cuda_driver"); break;
-    case 12: launch = is(c, "cuda_runtime"); break;
+    case 12: launch = is(c, "cuda_runtime") || is(c, "mtia_runtime"); break;
+    case 15: gpu = is(c, "mtia_ccp_events"); break;
   }
   return gpu ? kGpu : launch ? kLaunch : 0u;
 }
