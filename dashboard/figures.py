@@ -127,10 +127,12 @@ def arrival_skew(skew: pd.DataFrame) -> go.Figure:
     return styled(fig, "Arrival skew per collective", xaxis_title="step", yaxis_title="ms")
 
 
-def op_bandwidth(ops: pd.DataFrame) -> go.Figure:
-    """Bytes and effective bandwidth per op."""
+def op_bandwidth(ops: pd.DataFrame, bandwidth: pd.DataFrame) -> go.Figure:
+    """Bytes per op, and the bus bandwidth per group, op and message size."""
     fig = make_subplots(
-        rows=1, cols=2, subplot_titles=["MiB per rank and step", "effective GB/s (median)"]
+        rows=1,
+        cols=2,
+        subplot_titles=["MiB per rank and step", "bus bandwidth GB/s (median), per group and size"],
     )
     fig.add_bar(
         x=ops["op"],
@@ -141,11 +143,11 @@ def op_bandwidth(ops: pd.DataFrame) -> go.Figure:
         col=1,
     )
     fig.add_bar(
-        x=ops["op"],
-        y=ops["gbps"],
+        x=bandwidth["label"],
+        y=bandwidth["busbw_gbs"],
         marker_color=COLORS["collective"],
         showlegend=False,
-        customdata=ops["hover"],
+        customdata=bandwidth["hover"],
         hovertemplate="%{customdata}<extra></extra>",
         row=1,
         col=2,

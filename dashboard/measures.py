@@ -30,6 +30,6 @@ def arrival_skew(data: RunData) -> pd.DataFrame:
     return data.cached("arrival_skew", lambda: measures.arrival_skew(data.run))
 
 
-def op_records(data: RunData) -> tuple[pd.DataFrame, pd.DataFrame]:
+def op_records(data: RunData) -> pd.DataFrame:
     """measures.op_records of the snapshot."""
-    return data.cached("op_records", lambda: measures.op_records(data.run))  # type: ignore[no-any-return]
+    return data.cached("op_records", lambda: measures.op_records(data.run))

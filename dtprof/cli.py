@@ -63,6 +63,17 @@ def _positive_float(value: str) -> float:
     return number
 
 
+def _link(value: str) -> str:
+    """A link's speed in Gb/s, or a name dtprof knows (checked here, kept as given)."""
+    from dtprof.analysis.bandwidth import link_peak
+
+    try:
+        link_peak(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{value!r}: {exc}") from None
+    return value
+
+
 def _cmd_convert(args: argparse.Namespace) -> int:
     """Convert a folder of PyTorch profiler traces (*.json[.gz]) into a dtprof trace."""
     from dtprof.trace.kineto import scan_ahead
@@ -144,6 +155,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_float,
         help="the device's peak TFLOP/s that MFU is measured against (default: dtprof's table"
         " of accelerators, docs/throughput.md)",
+    )
+    an.add_argument(
+        "--link-gbps",
+        type=_link,
+        metavar="GBPS",
+        help="the link speed (Gb/s a direction, or a name: nvlink4, ib-ndr, eth400, ...) that"
+        " collectives' bus bandwidth is compared with (docs/report-format.md)",
     )
     dask = an.add_mutually_exclusive_group()
     dask.add_argument(

@@ -1,4 +1,5 @@
-"""Communication: overlap and exposed communication per rank, arrival skew, bandwidth per op."""
+"""Communication: overlap and exposed communication per rank, arrival skew, bytes per op and
+the collectives' bus bandwidth per group, op and size (dtprof.analysis.bandwidth)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from dashboard.links import parse_ranks, parse_steps
 from dashboard.rundata import RunData
 from dashboard.shape import MAX_POINTS, only_ranks, rank_bars, window
 from dashboard.source import Snapshot
-from dtprof.analysis.measures import op_bandwidth, rank_overlap
+from dtprof.analysis.bandwidth import bandwidth_rows
+from dtprof.analysis.measures import rank_overlap
 
 PATH = "/communication"
 TITLE = "Communication"
@@ -55,22 +57,33 @@ def skew(data: RunData, steps: Window = (None, None), max_points: int = MAX_POIN
 
 
 def ops(data: RunData, steps: Window = (None, None)) -> pd.DataFrame:
-    """op, mib_per_step (per rank), gbps, hover."""
-    per, sample = measures.op_records(data)
-    o = op_bandwidth(window(per, steps), window(sample, steps))
+    """op, calls, bytes, mib_per_step (per rank)."""
+    o = window(measures.op_records(data), steps).groupby("op")[["calls", "bytes"]].sum()
     rank_steps = max(len(window(data.steps, steps)), 1)
-    o["mib_per_step"] = o["bytes"] / rank_steps / 2**20
-    o["hover"] = (
-        o["op"].astype(str)
+    return o.assign(mib_per_step=o["bytes"] / rank_steps / 2**20).reset_index()
+
+
+def bandwidth(data: RunData, steps: Window = (None, None)) -> pd.DataFrame:
+    """The report's bandwidth rows over the steps shown, with label and hover."""
+    b = pd.DataFrame(bandwidth_rows(data.run.matched, steps))
+    if b.empty:
+        return b.assign(label=[], hover=[])
+    b["label"] = b["op"] + " " + b["band"] + " (group " + b["group"] + ")"
+    b["hover"] = (
+        b["label"]
         + ": "
-        + o["calls"].astype(int).astype(str)
-        + " calls, median transfer "
-        + (o["transfer_ns"] / 1e6).round(3).astype(str)
-        + " ms, "
-        + o["gbps"].round(3).astype(str)
-        + " GB/s"
+        + b["calls"].astype(str)
+        + " calls, median "
+        + b["time_ms"].round(3).astype(str)
+        + " ms, algbw "
+        + b["algbw_gbs"].round(3).astype(str)
+        + " GB/s, busbw "
+        + b["busbw_gbs"].round(3).astype(str)
+        + " GB/s (p10 "
+        + b["busbw_p10_gbs"].round(3).astype(str)
+        + ")"
     )
-    return o
+    return b
 
 
 def update(snap: Snapshot, ranks_text: str | None, steps_text: str | None) -> list[go.Figure]:
@@ -82,11 +95,12 @@ def update(snap: Snapshot, ranks_text: str | None, steps_text: str | None) -> li
     per = overlap(data, parse_ranks(ranks_text), steps)
     s = skew(data, steps)
     o = ops(data, steps)
+    bw = bandwidth(data, steps)
     unmatched = "No collective matched on every member."
     return [
         figures.overlap_bars(per) if not per.empty else figures.empty(unmatched),
         figures.arrival_skew(s) if not s.empty else figures.empty(unmatched),
-        figures.op_bandwidth(o),
+        figures.op_bandwidth(o, bw),
     ]
 
 
@@ -96,7 +110,8 @@ def layout(snap: Snapshot, q: dict[str, str]) -> html.Div:
             window_controls("communication", q.get("ranks", ""), q.get("steps", "")),
             note(
                 "A transfer counts from the moment the last member entered: waiting for a late "
-                "rank shows as arrival skew, not as exposed communication."
+                "rank shows as arrival skew, not as exposed communication, nor in the bus "
+                "bandwidth (as nccl-tests defines it: docs/report-format.md)."
             ),
             graph("communication-overlap"),
             graph("communication-skew"),

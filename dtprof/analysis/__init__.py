@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from dtprof.analysis.bandwidth import bandwidth_summary, link_peak
 from dtprof.analysis.causes import link
 from dtprof.analysis.checks import CHECKS
 from dtprof.analysis.columns import nan_median, values
@@ -42,18 +43,26 @@ def analyze(
     scheduler: str | None = None,
     workers: int | None = None,
     peak_tflops: float | None = None,
+    link_gbps: str | None = None,
 ) -> Report:
     """Analyse a trace directory: every check on every rank (or the chosen steps and ranks).
 
     Each rank is summarized in this process's threads or processes, or, given a Dask
     `scheduler` address or a number of local Dask `workers`, on that cluster. MFU is measured
-    against ``peak_tflops`` where given, else against the device's peak from dtprof's table.
+    against ``peak_tflops`` where given, else against the device's peak from dtprof's table;
+    collectives' bus bandwidth against ``link_gbps`` (Gb/s, or a link's name from
+    dtprof.analysis.bandwidth.LINKS) where given.
     """
     root = Path(path)
+    if link_gbps is not None:
+        try:
+            link_peak(link_gbps)
+        except ValueError as exc:
+            raise DtprofError(f"link {link_gbps!r}: {exc}") from None
     started = time.monotonic()
     imported = summarize_imported(root, progress, scheduler, workers)  # None: a dtprof trace
     return _analyze(
-        root, imported, started, steps, ranks, progress, scheduler, workers, peak_tflops
+        root, imported, started, steps, ranks, progress, scheduler, workers, peak_tflops, link_gbps
     )
 
 
@@ -67,6 +76,7 @@ def _analyze(
     scheduler: str | None,
     workers: int | None,
     peak_tflops: float | None = None,
+    link_gbps: str | None = None,
 ) -> Report:
     """analyze() with the profiler traces' summaries made (None: not profiler traces)."""
     summaries: list[RankSummary | RunSummary]
@@ -112,7 +122,9 @@ def _analyze(
             flush=True,
         )
     return Report(
-        trace=_trace_info(root, run), summary=_summary(run, peak_tflops), findings=findings
+        trace=_trace_info(root, run),
+        summary=_summary(run, peak_tflops, link_gbps),
+        findings=findings,
     )
 
 
@@ -137,9 +149,12 @@ def _trace_info(root: Path, run: RunSummary) -> dict[str, Any]:
     }
 
 
-def _summary(run: RunSummary, peak_tflops: float | None = None) -> dict[str, Any]:
+def _summary(
+    run: RunSummary, peak_tflops: float | None = None, link_gbps: str | None = None
+) -> dict[str, Any]:
     """Per rank: steps, median step, compute and data time, and the rest of the step (each a
-    median over the rank's steps that have it); throughput and MFU where the run has them."""
+    median over the rank's steps that have it); throughput and MFU where the run has them; the
+    collectives' bandwidth; the GPU figures of profiler traces."""
     steps = run.steps
     if not steps.num_rows:  # a profiler trace without steps: its GPU figures, the whole trace
         return {"ranks": [], **(gpu_summary(run.gpu) if run.gpu.num_rows else {})}
@@ -167,6 +182,8 @@ def _summary(run: RunSummary, peak_tflops: float | None = None) -> dict[str, Any
     rates = throughput(run, peak_tflops)
     if rates is not None:
         out["throughput"] = rates
+    if run.collectives.num_rows:
+        out.update(bandwidth_summary(run.matched, link_gbps))
     if run.gpu.num_rows:
         out.update(gpu_summary(run.gpu))
     return out

@@ -32,6 +32,7 @@ class GroupMatrix:
     start: np.ndarray  # (n, m) entry time per member, ns; ABSENT where it has no record
     end: np.ndarray  # (n, m) completion time per member, ns; ABSENT likewise
     op: np.ndarray  # (n,) the op name of each row (one member's)
+    nbytes: np.ndarray  # (n,) the members' mean bytes of each row (their data argument's)
     agree: np.ndarray  # (n,) the members with a record agree on op and bytes (all-to-all: op)
 
     @property
@@ -67,6 +68,7 @@ def match(collectives: pa.Table, sizes: pa.Table, world_size: int) -> list[Group
         # op and bytes in one number, to tell members that disagree
         "kind": op_codes.astype(np.int64) * (1 << 48) + size,
         "op": op_codes,
+        "bytes": values(coll, "bytes", np.float64),
     }
     out = []
     # bincounts instead of np.unique: codes and ranks are small non-negative ints, and a sort
@@ -99,7 +101,9 @@ def match(collectives: pa.Table, sizes: pa.Table, world_size: int) -> list[Group
         differ = np.bincount(row, weights=c["kind"] != ref[row], minlength=n) > 0
         op = np.zeros(n, op_codes.dtype)
         op[row] = c["op"]
-        seen = np.flatnonzero(np.bincount(row, minlength=n) > 0)
+        records = np.bincount(row, minlength=n)
+        nbytes = np.bincount(row, weights=c["bytes"], minlength=n) / np.maximum(records, 1)
+        seen = np.flatnonzero(records > 0)
         # every row seen (the usual case): no copy of the matrices
         rows: np.ndarray | slice = slice(None) if len(seen) == n else seen
         name = str(group_names[code])
@@ -113,6 +117,7 @@ def match(collectives: pa.Table, sizes: pa.Table, world_size: int) -> list[Group
                 start=start[rows],
                 end=end[rows],
                 op=np.asarray(op_names, dtype=object)[op[rows]],
+                nbytes=nbytes[rows],
                 agree=~differ[rows],
             )
         )

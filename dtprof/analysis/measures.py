@@ -20,7 +20,6 @@ from dtprof.analysis.overlap import sweep, transfers
 from dtprof.analysis.summarize import RunSummary
 
 RANK_BLOCK = 64  # members swept at a time
-MAX_SAMPLE = 2_000_000  # collective records kept for the median transfer time and bandwidth
 
 
 def rank_steps(run: RunSummary) -> pd.DataFrame:
@@ -147,22 +146,19 @@ def arrival_skew(run: RunSummary) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=cols)
 
 
-def op_records(run: RunSummary) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Per op and step: calls and bytes (every record); and an even sample of at most
-    MAX_SAMPLE records (op, step, transfer_ns, gbps) for the medians. A collective's transfer
-    starts when its last member entered (no waiting counted); a point-to-point one's when it
-    was called."""
+def op_records(run: RunSummary) -> pd.DataFrame:
+    """Per op and step: calls and bytes, every record counted (their bandwidth:
+    dtprof.analysis.bandwidth)."""
     coll = run.collectives
     if not coll.num_rows:
-        empty = pd.DataFrame({"op": [], "step": [], "calls": [], "bytes": []})
-        return empty, pd.DataFrame({"op": [], "step": [], "transfer_ns": [], "gbps": []})
+        return pd.DataFrame({"op": [], "step": [], "calls": [], "bytes": []})
     op, names = codes(coll, "op")
     step = values(coll, "step", np.int64)
     nbytes = values(coll, "bytes", np.int64)
     # calls and bytes per (op, step), exact, without a frame of every record
     key = op.astype(np.int64) * (step.max() + 1) + step
     ukey, inverse = np.unique(key, return_inverse=True)
-    per = pd.DataFrame(
+    return pd.DataFrame(
         {
             "op": names[ukey // (step.max() + 1)],
             "step": ukey % (step.max() + 1),
@@ -170,26 +166,6 @@ def op_records(run: RunSummary) -> tuple[pd.DataFrame, pd.DataFrame]:
             "bytes": np.bincount(inverse, weights=nbytes),
         }
     )
-    pick = np.arange(0, coll.num_rows, max(1, -(-coll.num_rows // MAX_SAMPLE)))
-    begin = values(coll, "start_ns", np.int64)[pick].copy()
-    group = values(coll, "group")[pick]
-    seq = values(coll, "seq", np.int64)[pick]
-    groupwise = is_null(coll, "peer")[pick]
-    for g in run.matched:  # a collective's transfer starts when its last member entered
-        mine = np.flatnonzero(groupwise & (group == g.group))
-        row = np.searchsorted(g.seq, seq[mine]).clip(0, len(g.seq) - 1)
-        found = g.seq[row] == seq[mine]
-        begin[mine[found]] = g.start.max(axis=1)[row[found]]
-    transfer = np.maximum(values(coll, "end_ns", np.int64)[pick] - begin, 1)
-    sample = pd.DataFrame(
-        {
-            "op": names[op[pick]],
-            "step": step[pick],
-            "transfer_ns": transfer,
-            "gbps": nbytes[pick] / transfer,  # bytes per ns = GB/s
-        }
-    )
-    return per, sample
 
 
 STEP_TIMES = ["step_ns", "compute_ns", "data_ns"]
@@ -233,13 +209,3 @@ def rank_overlap(rank_steps: pd.DataFrame) -> pd.DataFrame:
             "exposed_fraction": ((per["comm_ns"] - per["overlap_ns"]) / per["step_ns"]).to_numpy(),
         }
     )
-
-
-def op_bandwidth(per: pd.DataFrame, sample: pd.DataFrame) -> pd.DataFrame:
-    """op, calls, bytes, transfer_ns (median), gbps (median of bytes / transfer) per op, from
-    the two frames of op_records() over the steps wanted."""
-    if per.empty:
-        return pd.DataFrame(columns=["op", "calls", "bytes", "transfer_ns", "gbps"])
-    counts = per.groupby("op")[["calls", "bytes"]].sum()
-    medians = sample.groupby("op")[["transfer_ns", "gbps"]].median()
-    return counts.join(medians, how="inner").reset_index()

@@ -67,6 +67,30 @@ _GPU_HEADERS = ("rank", "GPU span ms", "idle %", "compute %", "non-compute %", "
                 "overlap %")  # fmt: skip
 
 
+_BW_COLUMNS = ("group", "ranks", "op", "band", "calls", "time_ms", "algbw_gbs", "busbw_gbs",
+               "busbw_p10_gbs", "of_link_pct")  # fmt: skip
+_BW_HEADERS = ("group", "ranks", "op", "size", "calls", "median ms", "algbw GB/s", "busbw GB/s",
+               "busbw p10", "of link %")  # fmt: skip
+BANDWIDTH_ROWS = 12  # in text and Markdown, the rows whose calls took longest; JSON has all
+
+
+def _bandwidth(report: Report) -> tuple[list[str], list[list[str]], list[str]]:
+    """(headers, the rows' cells, lines under the table) of the collectives' bandwidth, or
+    nothing: the link's column only where a link is given."""
+    block = report.summary.get("bandwidth") or {}
+    rows = block.get("rows", [])
+    if not rows:
+        return [], [], []
+    width = len(_BW_COLUMNS) if "link" in block else len(_BW_COLUMNS) - 1
+    cells = [[_cell(row.get(c)) for c in _BW_COLUMNS[:width]] for row in rows[:BANDWIDTH_ROWS]]
+    notes = [block["definitions"]]
+    if "link" in block:
+        notes.append(f"link: {block['link']['what']}")
+    if len(rows) > BANDWIDTH_ROWS:
+        notes.append(f"{len(rows) - BANDWIDTH_ROWS} more rows in --format json")
+    return list(_BW_HEADERS[:width]), cells, notes
+
+
 NO_STEPS = "no training steps (no ProfilerStep#N): the GPU figures cover the whole trace"
 
 
@@ -93,6 +117,14 @@ def text(report: Report) -> str:
         lines.append("")
     elif _gpu_cells(report):
         lines += [NO_STEPS, ""]
+    headers, cells_of_bw, notes = _bandwidth(report)
+    if cells_of_bw:
+        bw = [max(len(h), *(len(c[i]) for c in cells_of_bw)) for i, h in enumerate(headers)]
+        lines.append("collective bandwidth (the calls that took longest in all first):")
+        lines.append("  ".join(h.rjust(w) for h, w in zip(headers, bw, strict=True)))
+        for cells in cells_of_bw:
+            lines.append("  ".join(c.rjust(w) for c, w in zip(cells, bw, strict=True)))
+        lines += [f"({'; '.join(notes)})", ""]
     if _gpu_cells(report):
         gw = [max(len(h), 8) for h in _GPU_HEADERS]
         lines.append("  ".join(h.rjust(w) for h, w in zip(_GPU_HEADERS, gw, strict=True)))
@@ -132,6 +164,13 @@ def markdown(report: Report) -> str:
         lines.append("")
     elif _gpu_cells(report):
         lines += [NO_STEPS, ""]
+    headers, cells_of_bw, notes = _bandwidth(report)
+    if cells_of_bw:
+        lines += ["Collective bandwidth (the calls that took longest in all first):", ""]
+        lines.append("| " + " | ".join(headers) + " |")
+        lines.append("|" + "---|" * len(headers))
+        lines += ["| " + " | ".join(cells) + " |" for cells in cells_of_bw]
+        lines += ["", f"*{'; '.join(notes)}.*", ""]
     if _gpu_cells(report):
         lines.append("| " + " | ".join(_GPU_HEADERS) + " |")
         lines.append("|" + "---|" * len(_GPU_HEADERS))

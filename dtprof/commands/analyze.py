@@ -32,6 +32,7 @@ def run(args: argparse.Namespace) -> int:
                 scheduler=args.scheduler,
                 workers=args.workers,
                 peak_tflops=args.peak_tflops,
+                link_gbps=args.link_gbps,
             )
     finally:
         scan_ahead.stop()

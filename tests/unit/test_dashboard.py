@@ -189,7 +189,12 @@ def test_communication_of_poor_overlap_is_exposed() -> None:
     figs = communication.update(snap, None, None)
     assert len(figs) == 3 and all(_traces(f) for f in figs)
     ops = communication.ops(snap.data)
-    assert "all_reduce" in set(ops["op"]) and (ops["gbps"] > 0).all()
+    assert "all_reduce" in set(ops["op"]) and (ops["mib_per_step"] > 0).all()
+    bandwidth = communication.bandwidth(snap.data)
+    assert set(bandwidth["op"]) == {"all_reduce"} and (bandwidth["busbw_gbs"] > 0).all()
+    assert bandwidth["hover"].str.contains("busbw").all()
+    later = communication.bandwidth(snap.data, (20, None))  # the steps shown
+    assert later["calls"].sum() < bandwidth["calls"].sum()
 
 
 def test_pipeline_chart_shades_idle_and_compares_with_theory() -> None:

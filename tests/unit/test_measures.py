@@ -57,29 +57,6 @@ def test_rank_overlap_sums_over_the_steps_and_leaves_out_ranks_without_communica
     assert list(per["exposed_fraction"]) == [0.0, 30.0 / 200.0]
 
 
-def test_op_bandwidth_counts_every_call_and_takes_medians_of_the_sample() -> None:
-    per = pd.DataFrame(
-        {
-            "op": ["all_reduce", "all_reduce", "broadcast"],
-            "step": [0, 1, 0],
-            "calls": [2, 3, 1],
-            "bytes": [200.0, 300.0, 8.0],
-        }
-    )
-    sample = pd.DataFrame(
-        {
-            "op": ["all_reduce"] * 3 + ["broadcast"],
-            "step": [0, 1, 1, 0],
-            "transfer_ns": [10, 20, 30, 4],
-            "gbps": [1.0, 2.0, 9.0, 2.0],
-        }
-    )
-    out = measures.op_bandwidth(per, sample).set_index("op")
-    assert out.loc["all_reduce", "calls"] == 5 and out.loc["all_reduce", "bytes"] == 500.0
-    assert out.loc["all_reduce", "transfer_ns"] == 20 and out.loc["all_reduce", "gbps"] == 2.0
-    assert measures.op_bandwidth(per.iloc[:0], sample.iloc[:0]).empty
-
-
 def test_odd_counts_per_rank_and_step_with_zeros_where_replicas_agree() -> None:
     # three replicas, two tensors, two steps: rank 2's tensor "w" drifts at step 5
     rank = [0, 1, 2] * 4

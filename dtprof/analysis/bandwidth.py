@@ -1,0 +1,172 @@
+"""How fast each collective moved its data: algorithm and bus bandwidth, as nccl-tests defines
+them, per process group, op and message size, against a link's peak where one is known.
+
+- **Which calls**: the collectives every member of their group recorded, with members that
+  agree on op and bytes (dtprof.analysis.matching); barriers and other calls that move no data
+  are left out. Point-to-point transfers are not counted here.
+- **Time** ``t``: from the last member's arrival to the last member's completion. Waiting for a
+  late rank is the straggler's cost (the straggler check), not the network's.
+- **Size** ``S``, as nccl-tests counts it: the input of all-reduce, reduce-scatter, all-to-all,
+  broadcast and reduce (the bytes dtprof records); the gathered output of all-gather and gather
+  (the input times the group's size).
+- ``algbw = S / t``; ``busbw = algbw x factor``, the factor nccl-tests gives each op for a group
+  of n: all-reduce 2(n-1)/n; all-gather, reduce-scatter, all-to-all, gather and scatter
+  (n-1)/n; broadcast and reduce 1. Bus bandwidth is what compares with a link's speed.
+- **Rows**: per group, op and message-size band (from 64 KiB, a band per factor of 16), the
+  calls' count, median size, median time, and the median and 10th percentile of algbw and busbw,
+  in GB/s (10^9 bytes/s); with a link peak, the median busbw's share of it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from dtprof.analysis.matching import GroupMatrix
+
+# the peaks of common links, a direction: the figure a bus bandwidth approaches at best
+# (name: what it is, Gb/s); docs/report-format.md lists them
+LINKS: dict[str, tuple[str, float]] = {
+    "nvlink5": ("NVLink 5 (B200, GB200): 900 GB/s a direction", 7200),
+    "nvlink4": ("NVLink 4 (H100, H200 SXM): 450 GB/s a direction", 3600),
+    "nvlink3": ("NVLink 3 (A100 SXM): 300 GB/s a direction", 2400),
+    "pcie5": ("PCIe 5.0 x16: about 63 GB/s a direction", 504),
+    "pcie4": ("PCIe 4.0 x16: about 31.5 GB/s a direction", 252),
+    "ib-xdr": ("InfiniBand XDR, one port: 800 Gb/s", 800),
+    "ib-ndr": ("InfiniBand NDR, one port: 400 Gb/s", 400),
+    "ib-hdr": ("InfiniBand HDR, one port: 200 Gb/s", 200),
+    "eth400": ("400 Gb/s Ethernet (RoCE)", 400),
+    "eth200": ("200 Gb/s Ethernet (RoCE)", 200),
+    "eth100": ("100 Gb/s Ethernet (RoCE)", 100),
+}
+SPREAD = ("all_gather", "allgather", "reduce_scatter", "all_to_all", "alltoall")  # (n-1)/n
+BAND_FROM = 64 * 1024  # the first band's upper edge; each band after is 16 times wider
+NOTE = (
+    "bandwidth from the last member's arrival to completion; busbw = algbw x nccl-tests' factor"
+    " (all-reduce 2(n-1)/n; all-gather, reduce-scatter, all-to-all (n-1)/n; broadcast 1); GB/s"
+    " is 10^9 bytes/s"
+)
+
+
+def bus_factor(op: str, n: int) -> float | None:
+    """nccl-tests' bus bandwidth factor of an op on a group of n; None: it moves no data."""
+    if "all_reduce" in op or "allreduce" in op:
+        return 2 * (n - 1) / n
+    if any(k in op for k in SPREAD):
+        return (n - 1) / n
+    if op.startswith(("gather", "scatter")):
+        return (n - 1) / n
+    if op.startswith(("broadcast", "reduce")):
+        return 1.0
+    return None
+
+
+def _gathered(op: str) -> bool:
+    """Ops whose size nccl-tests counts as the gathered output: the input times the group."""
+    return "all_gather" in op or "allgather" in op or op.startswith("gather")
+
+
+def band_of(size: np.ndarray) -> np.ndarray:
+    """Each size's band: 0 below 64 KiB, then one a factor of 16."""
+    ratio = np.maximum(size, 1) / BAND_FROM
+    return np.where(size < BAND_FROM, 0, np.floor(np.log(ratio) / np.log(16)).astype(np.int64) + 1)
+
+
+def band_label(band: int) -> str:
+    if band == 0:
+        return f"< {_size(BAND_FROM)}"
+    low = BAND_FROM * 16 ** (band - 1)
+    return f"{_size(low)}-{_size(low * 16)}"
+
+
+def _size(n: float) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:g} {unit}"
+    return f"{n:g} B"
+
+
+def bandwidth_rows(
+    matched: list[GroupMatrix], steps: tuple[int | None, int | None] = (None, None)
+) -> list[dict[str, Any]]:
+    """Per group, op and size band, the calls' figures (module doc), slowest share first: rows
+    in order of the time their calls took in all; the calls of steps first <= step < last
+    (None: open on that side)."""
+    first, last = steps
+    out: list[dict[str, Any]] = []
+    for gm in matched:
+        whole = gm.complete & gm.agree
+        if first is not None:
+            whole &= gm.step >= first
+        if last is not None:
+            whole &= gm.step < last
+        if not whole.any():
+            continue
+        n = gm.size
+        start, end = gm.start[whole], gm.end[whole]
+        t_ns = (end.max(axis=1) - start.max(axis=1)).astype(np.float64)
+        ops, nbytes = gm.op[whole], gm.nbytes[whole]
+        for op in sorted(set(ops.tolist())):
+            factor = bus_factor(str(op), n)
+            pick = (ops == op) & (t_ns > 0) & (nbytes > 0)
+            if factor is None or not pick.any():
+                continue
+            size = nbytes[pick] * (n if _gathered(str(op)) else 1)
+            t = t_ns[pick]
+            algbw = size / t  # bytes per ns = GB/s
+            bands = band_of(size)
+            for band in np.unique(bands).tolist():
+                at = bands == band
+                out.append(
+                    {
+                        "group": gm.group,
+                        "ranks": n,
+                        "op": str(op),
+                        "band": band_label(int(band)),
+                        "calls": int(at.sum()),
+                        "bytes": float(np.median(size[at])),
+                        "time_ms": float(np.median(t[at])) / 1e6,
+                        "total_ms": float(t[at].sum()) / 1e6,
+                        "algbw_gbs": float(np.median(algbw[at])),
+                        "busbw_gbs": float(np.median(algbw[at])) * factor,
+                        "busbw_p10_gbs": float(np.percentile(algbw[at], 10)) * factor,
+                    }
+                )
+    out.sort(key=lambda r: -r["total_ms"])
+    return out
+
+
+def link_peak(text: str) -> tuple[float, str]:
+    """A link's peak (Gb/s, what it is) from a number of Gb/s or a name of LINKS."""
+    if text.lower() in LINKS:
+        what, gbps = LINKS[text.lower()]
+        return gbps, what
+    try:
+        gbps = float(text)
+    except ValueError:
+        names = ", ".join(LINKS)
+        raise ValueError(f"not a number of Gb/s nor a link dtprof knows ({names})") from None
+    if not math.isfinite(gbps) or gbps <= 0:
+        raise ValueError("a link's speed must be a positive number of Gb/s")
+    return gbps, f"{gbps:g} Gb/s"
+
+
+def bandwidth_summary(matched: list[GroupMatrix], link: str | None = None) -> dict[str, Any]:
+    """The report's ``bandwidth`` block ({} without any call to measure): its rows, rounded, each
+    with its share of the link's peak where ``link`` (Gb/s, or a name of LINKS) is given."""
+    rows = bandwidth_rows(matched)
+    if not rows:
+        return {}
+    peak = link_peak(link) if link is not None else None
+    for row in rows:
+        for key in ("time_ms", "total_ms", "algbw_gbs", "busbw_gbs", "busbw_p10_gbs"):
+            row[key] = round(row[key], 3)
+        row["bytes"] = int(row["bytes"])
+        if peak is not None:
+            row["of_link_pct"] = round(100 * row["busbw_gbs"] * 8 / peak[0], 1)
+    block: dict[str, Any] = {"rows": rows, "definitions": NOTE}
+    if peak is not None:
+        block["link"] = {"gbps": peak[0], "what": peak[1]}
+    return {"bandwidth": block}
