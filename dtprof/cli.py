@@ -9,6 +9,7 @@ from typing import NoReturn
 
 from dtprof import __version__
 from dtprof.commands import analyze, build_native, own_process
+from dtprof.commands import diff as diff_command
 from dtprof.commands import run as run_command
 from dtprof.commands.own_process import lean_arrow_allocator, pandas_held_back
 from dtprof.errors import DtprofError
@@ -173,6 +174,25 @@ def build_parser() -> argparse.ArgumentParser:
         "--workers", type=_positive, metavar="N", help="read the ranks on N local Dask workers"
     )
     an.set_defaults(func=analyze.run)
+    df = sub.add_parser("diff", help=diff_command.run.__doc__, description=diff_command.run.__doc__)
+    df.add_argument("base", help="the run before: a trace directory or profiler traces")
+    df.add_argument("new", help="the run after")
+    df.add_argument("--format", choices=("text", "json", "markdown"), default="text")
+    df.add_argument("-o", "--output", help="write the comparison to this file")
+    df.add_argument(
+        "--fail-on-regression",
+        type=_positive_float,
+        metavar="PCT",
+        help="exit 1 when the step time (or --metric) got worse by more than PCT percent and the"
+        " change is called",
+    )
+    df.add_argument(
+        "--metric",
+        choices=diff_command.LABELS,
+        default="step_ms",
+        help="what --fail-on-regression watches (default: step_ms)",
+    )
+    df.set_defaults(func=diff_command.run)
     cv = sub.add_parser("convert", help=_cmd_convert.__doc__, description=_cmd_convert.__doc__)
     cv.add_argument("source", help="folder of PyTorch profiler traces, one file per rank")
     cv.add_argument("-o", "--output", required=True, help="dtprof trace directory to write")

@@ -31,7 +31,7 @@ from dtprof.errors import DtprofError
 from dtprof.parallel import PROCESSES_FROM, PROGRESS_AFTER_S, map_items
 from dtprof.trace.reader import find_rank_dirs
 
-__all__ = ["Finding", "Report", "analyze"]
+__all__ = ["Finding", "Report", "analyze", "analyze_run"]
 
 
 def analyze(
@@ -61,9 +61,19 @@ def analyze(
             raise DtprofError(f"link {link_gbps!r}: {exc}") from None
     started = time.monotonic()
     imported = summarize_imported(root, progress, scheduler, workers)  # None: a dtprof trace
-    return _analyze(
+    _, report = _analyze(
         root, imported, started, steps, ranks, progress, scheduler, workers, peak_tflops, link_gbps
     )
+    return report
+
+
+def analyze_run(path: str | os.PathLike[str], progress: bool = False) -> tuple[RunSummary, Report]:
+    """analyze() of a whole trace, with the run summary its report was made from (what
+    ``dtprof diff`` compares step by step)."""
+    root = Path(path)
+    started = time.monotonic()
+    imported = summarize_imported(root, progress, None, None)
+    return _analyze(root, imported, started, None, None, progress, None, None)
 
 
 def _analyze(
@@ -77,8 +87,9 @@ def _analyze(
     workers: int | None,
     peak_tflops: float | None = None,
     link_gbps: str | None = None,
-) -> Report:
-    """analyze() with the profiler traces' summaries made (None: not profiler traces)."""
+) -> tuple[RunSummary, Report]:
+    """analyze() with the profiler traces' summaries made (None: not profiler traces): the
+    combined run and its report."""
     summaries: list[RankSummary | RunSummary]
     if imported is None:
         rank_dirs = find_rank_dirs(root)
@@ -121,7 +132,7 @@ def _analyze(
             file=sys.stderr,
             flush=True,
         )
-    return Report(
+    return run, Report(
         trace=_trace_info(root, run),
         summary=_summary(run, peak_tflops, link_gbps),
         findings=findings,

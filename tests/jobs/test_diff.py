@@ -1,0 +1,71 @@
+"""dtprof diff on real gloo jobs: the same job twice calls no change, a slower rank is called
+with its size, and the regression gate's exit code follows."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dtprof.jobs import launch
+from tests.conftest import logs_of
+
+pytestmark = pytest.mark.multiprocess
+
+JOB = ["--steps", "40", "--device-ms", "20"]  # accelerator-like steps: 60 ms of device time
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("diff")
+    out = {}
+    # the slow run first: a machine's first job after a pause can be slower, which would only
+    # add to its slowdown
+    for name, situation, extra in (
+        ("slow", "straggler-ddp", ["--slow-rank", "1", "--slow-fraction", "0.3"]),
+        ("before", "healthy-ddp", []),
+        ("again", "healthy-ddp", []),
+    ):
+        logs = root / f"{name}-logs"
+        codes = launch.run(situation, 2, ["--trace", str(root / name), *JOB, *extra], log_dir=logs)
+        assert codes == [0, 0], logs_of(logs)
+        out[name] = root / name
+    return out
+
+
+def _diff(*args: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "dtprof", "diff", *map(str, args)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def test_the_same_job_twice_calls_no_change(runs: dict[str, Path]) -> None:
+    done = _diff(runs["before"], runs["again"], "--format", "json", "--fail-on-regression", "5")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert not any(m["called"] for m in result["metrics"].values()), result["metrics"]
+    assert result["ranks"] == [] and result["findings"]["appeared"] == []
+    assert result["regression"]["failed"] is False
+
+
+def test_a_slower_rank_is_called_with_its_size_and_fails_the_gate(runs: dict[str, Path]) -> None:
+    done = _diff(runs["before"], runs["slow"], "--format", "json", "--fail-on-regression", "5")
+    assert done.returncode == 1, done.stderr
+    result = json.loads(done.stdout)
+    step = result["metrics"]["step_ms"]
+    # the others wait for rank 1's 30% slower compute every step
+    assert step["called"] and 10 < step["change_pct"] < 40
+    slowed = {(r["rank"], r["metric"]) for r in result["ranks"]}
+    assert (1, "compute_ms") in slowed and (0, "compute_ms") not in slowed
+    assert [f["code"] for f in result["findings"]["appeared"]] == ["straggler"]
+    assert result["regression"] == {
+        "metric": "step_ms", "limit_pct": 5.0, "change_pct": step["change_pct"], "failed": True,
+    }  # fmt: skip
+    loose = _diff(runs["before"], runs["slow"], "--fail-on-regression", "60")
+    assert loose.returncode == 0 and "passed: step changed" in loose.stdout
+    text = _diff(runs["before"], runs["slow"]).stdout
+    assert "slower" in text and "rank 1 compute" in text
