@@ -65,7 +65,7 @@ def ops(data: RunData, steps: Window = (None, None)) -> pd.DataFrame:
 
 def bandwidth(data: RunData, steps: Window = (None, None)) -> pd.DataFrame:
     """The report's bandwidth rows over the steps shown, with label and hover."""
-    b = pd.DataFrame(bandwidth_rows(data.run.matched, steps))
+    b = pd.DataFrame(bandwidth_rows(data.run.matched, steps, data.run.collectives))
     if b.empty:
         return b.assign(label=[], hover=[])
     b["label"] = b["op"] + " " + b["band"] + " (group " + b["group"] + ")"

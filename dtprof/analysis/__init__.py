@@ -194,7 +194,7 @@ def _summary(
     if rates is not None:
         out["throughput"] = rates
     if run.collectives.num_rows:
-        out.update(bandwidth_summary(run.matched, link_gbps))
+        out.update(bandwidth_summary(run.matched, run.collectives, link_gbps))
     if run.gpu.num_rows:
         out.update(gpu_summary(run.gpu))
     return out

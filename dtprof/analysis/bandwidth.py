@@ -3,15 +3,18 @@ them, per process group, op and message size, against a link's peak where one is
 
 - **Which calls**: the collectives every member of their group recorded, with members that
   agree on op and bytes (dtprof.analysis.matching); barriers and other calls that move no data
-  are left out. Point-to-point transfers are not counted here.
-- **Time** ``t``: from the last member's arrival to the last member's completion. Waiting for a
-  late rank is the straggler's cost (the straggler check), not the network's.
+  are left out. Point-to-point transfers too: a send matched with its receive (the same group
+  and pair, the pair's sequence number), one row per direction of each pair (``0->1``).
+- **Time** ``t``: from the last member's arrival to the last member's completion (of a send and
+  its receive: the later start to the later end). Waiting for a late rank is the straggler's
+  cost (the straggler check), not the network's.
 - **Size** ``S``, as nccl-tests counts it: the input of all-reduce, reduce-scatter, all-to-all,
   broadcast and reduce (the bytes dtprof records); the gathered output of all-gather and gather
   (the input times the group's size).
 - ``algbw = S / t``; ``busbw = algbw x factor``, the factor nccl-tests gives each op for a group
   of n: all-reduce 2(n-1)/n; all-gather, reduce-scatter, all-to-all, gather and scatter
-  (n-1)/n; broadcast and reduce 1. Bus bandwidth is what compares with a link's speed.
+  (n-1)/n; broadcast, reduce and point-to-point 1. Bus bandwidth is what compares with a
+  link's speed.
 - **Rows**: per group, op and message-size band (from 64 KiB, a band per factor of 16), the
   calls' count, median size, median time, and the median and 10th percentile of algbw and busbw,
   in GB/s (10^9 bytes/s); with a link peak, the median busbw's share of it.
@@ -23,7 +26,9 @@ import math
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
+from dtprof.analysis.columns import codes, is_null, rows, values
 from dtprof.analysis.matching import GroupMatrix
 
 # the peaks of common links, a direction: the figure a bus bandwidth approaches at best
@@ -45,7 +50,8 @@ SPREAD = ("all_gather", "allgather", "reduce_scatter", "all_to_all", "alltoall")
 BAND_FROM = 64 * 1024  # the first band's upper edge; each band after is 16 times wider
 NOTE = (
     "bandwidth from the last member's arrival to completion; busbw = algbw x nccl-tests' factor"
-    " (all-reduce 2(n-1)/n; all-gather, reduce-scatter, all-to-all (n-1)/n; broadcast 1); GB/s"
+    " (all-reduce 2(n-1)/n; all-gather, reduce-scatter, all-to-all (n-1)/n; broadcast,"
+    " point-to-point 1); GB/s"
     " is 10^9 bytes/s"
 )
 
@@ -89,11 +95,14 @@ def _size(n: float) -> str:
 
 
 def bandwidth_rows(
-    matched: list[GroupMatrix], steps: tuple[int | None, int | None] = (None, None)
+    matched: list[GroupMatrix],
+    steps: tuple[int | None, int | None] = (None, None),
+    collectives: pa.Table | None = None,
 ) -> list[dict[str, Any]]:
     """Per group, op and size band, the calls' figures (module doc), slowest share first: rows
     in order of the time their calls took in all; the calls of steps first <= step < last
-    (None: open on that side)."""
+    (None: open on that side); with ``collectives`` (the run's records), point-to-point
+    transfers too."""
     first, last = steps
     out: list[dict[str, Any]] = []
     for gm in matched:
@@ -120,22 +129,94 @@ def bandwidth_rows(
             for band in np.unique(bands).tolist():
                 at = bands == band
                 out.append(
-                    {
-                        "group": gm.group,
-                        "ranks": n,
-                        "op": str(op),
-                        "band": band_label(int(band)),
-                        "calls": int(at.sum()),
-                        "bytes": float(np.median(size[at])),
-                        "time_ms": float(np.median(t[at])) / 1e6,
-                        "total_ms": float(t[at].sum()) / 1e6,
-                        "algbw_gbs": float(np.median(algbw[at])),
-                        "busbw_gbs": float(np.median(algbw[at])) * factor,
-                        "busbw_p10_gbs": float(np.percentile(algbw[at], 10)) * factor,
-                    }
+                    _row(gm.group, n, str(op), int(band), size[at], t[at], algbw[at], factor)
                 )
+    if collectives is not None:
+        out += p2p_rows(collectives, steps)
     out.sort(key=lambda r: -r["total_ms"])
     return out
+
+
+SENDS = ("send", "isend")
+
+
+def p2p_rows(
+    collectives: pa.Table, steps: tuple[int | None, int | None] = (None, None)
+) -> list[dict[str, Any]]:
+    """Point-to-point transfers as rows like the collectives' (op ``p2p``, ranks 2, group
+    ``<group> <src>-><dst>``): each send matched with the receive of the same group, pair and
+    sequence number."""
+    if not collectives.num_rows or not collectives.column("peer").null_count < len(collectives):
+        return []
+    p2p = rows(collectives, ~is_null(collectives, "peer"))
+    first, last = steps
+    step = values(p2p, "step", np.int64)
+    keep = np.ones(len(step), bool)
+    if first is not None:
+        keep &= step >= first
+    if last is not None:
+        keep &= step < last
+    p2p = rows(p2p, keep)
+    if not p2p.num_rows:
+        return []
+    group, names = codes(p2p, "group")
+    op = values(p2p, "op")
+    send = np.isin(op, SENDS)
+    rank, peer = values(p2p, "rank", np.int64), values(p2p, "peer", np.int64)
+    src, dst = np.where(send, rank, peer), np.where(send, peer, rank)
+    seq = values(p2p, "seq", np.int64)
+    # one key per transfer: (group, src, dst, seq), packed into an int64 by ranking each part
+    parts = [np.unique(x, return_inverse=True)[1].astype(np.int64) for x in (group, src, dst, seq)]
+    key = parts[0]
+    for part in parts[1:]:
+        key = key * (int(part.max()) + 1) + part
+    start, end = values(p2p, "start_ns", np.int64), values(p2p, "end_ns", np.int64)
+    nbytes = values(p2p, "bytes", np.float64)
+    s_at, r_at = np.flatnonzero(send), np.flatnonzero(~send)
+    order = np.argsort(key[r_at], kind="stable")
+    found = np.searchsorted(key[r_at][order], key[s_at]).clip(0, max(len(r_at) - 1, 0))
+    if not len(r_at):
+        return []
+    r_match = r_at[order][found]
+    hit = key[r_match] == key[s_at]
+    s_at, r_match = s_at[hit], r_match[hit]
+    t = (np.maximum(end[s_at], end[r_match]) - np.maximum(start[s_at], start[r_match])).astype(
+        np.float64
+    )
+    size = nbytes[s_at]
+    good = (t > 0) & (size > 0)
+    s_at, t, size = s_at[good], t[good], size[good]
+    out = []
+    pair = group[s_at].astype(np.int64) * (1 << 42) + src[s_at] * (1 << 21) + dst[s_at]
+    bands = band_of(size)
+    for p_key in np.unique(pair).tolist():
+        mine = pair == p_key
+        i = s_at[np.flatnonzero(mine)[0]]
+        label = f"{names[group[i]]} {src[i]}->{dst[i]}"
+        for band in np.unique(bands[mine]).tolist():
+            at = mine & (bands == band)
+            algbw = size[at] / t[at]
+            out.append(_row(label, 2, "p2p", int(band), size[at], t[at], algbw, 1.0))
+    return out
+
+
+def _row(
+    group: str, n: int, op: str, band: int, size: np.ndarray, t: np.ndarray, algbw: np.ndarray,
+    factor: float,
+) -> dict[str, Any]:  # fmt: skip
+    return {
+        "group": group,
+        "ranks": n,
+        "op": op,
+        "band": band_label(band),
+        "calls": len(t),
+        "bytes": float(np.median(size)),
+        "time_ms": float(np.median(t)) / 1e6,
+        "total_ms": float(t.sum()) / 1e6,
+        "algbw_gbs": float(np.median(algbw)),
+        "busbw_gbs": float(np.median(algbw)) * factor,
+        "busbw_p10_gbs": float(np.percentile(algbw, 10)) * factor,
+    }
 
 
 def link_peak(text: str) -> tuple[float, str]:
@@ -153,20 +234,22 @@ def link_peak(text: str) -> tuple[float, str]:
     return gbps, f"{gbps:g} Gb/s"
 
 
-def bandwidth_summary(matched: list[GroupMatrix], link: str | None = None) -> dict[str, Any]:
+def bandwidth_summary(
+    matched: list[GroupMatrix], collectives: pa.Table | None = None, link: str | None = None
+) -> dict[str, Any]:
     """The report's ``bandwidth`` block ({} without any call to measure): its rows, rounded, each
     with its share of the link's peak where ``link`` (Gb/s, or a name of LINKS) is given."""
-    rows = bandwidth_rows(matched)
-    if not rows:
+    found = bandwidth_rows(matched, collectives=collectives)
+    if not found:
         return {}
     peak = link_peak(link) if link is not None else None
-    for row in rows:
+    for row in found:
         for key in ("time_ms", "total_ms", "algbw_gbs", "busbw_gbs", "busbw_p10_gbs"):
             row[key] = round(row[key], 3)
         row["bytes"] = int(row["bytes"])
         if peak is not None:
             row["of_link_pct"] = round(100 * row["busbw_gbs"] * 8 / peak[0], 1)
-    block: dict[str, Any] = {"rows": rows, "definitions": NOTE}
+    block: dict[str, Any] = {"rows": found, "definitions": NOTE}
     if peak is not None:
         block["link"] = {"gbps": peak[0], "what": peak[1]}
     return {"bandwidth": block}

@@ -191,9 +191,12 @@ def _largest(memory: pa.Table, metric: str) -> float | None:
 def _bandwidth(base: RunSummary, new: RunSummary) -> list[dict[str, Any]]:
     """Per group, op and size band in both runs: the median time and bus bandwidth of each."""
     key = ("group", "op", "band")
-    b = {tuple(r[k] for k in key): r for r in bandwidth_rows(base.matched)}
+    b = {
+        tuple(r[k] for k in key): r
+        for r in bandwidth_rows(base.matched, collectives=base.collectives)
+    }
     out = []
-    for row in bandwidth_rows(new.matched):
+    for row in bandwidth_rows(new.matched, collectives=new.collectives):
         old = b.get(tuple(row[k] for k in key))
         if old is None:
             continue

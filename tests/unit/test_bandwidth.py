@@ -69,12 +69,12 @@ def test_bands_and_the_link_share() -> None:
     assert band_label(0) == "< 64 KiB" and band_label(1) == "64 KiB-1 MiB"
     assert band_label(3) == "16 MiB-256 MiB"
     gm = matrix("broadcast", 1e9, [[0, 0]], [[1_000_000, 1_000_000]])  # 1 GB in 1 ms
-    block = bandwidth_summary([gm], "ib-ndr")["bandwidth"]
+    block = bandwidth_summary([gm], link="ib-ndr")["bandwidth"]
     (row,) = block["rows"]
     assert row["busbw_gbs"] == pytest.approx(1000.0)
     assert row["of_link_pct"] == pytest.approx(100 * 1000 * 8 / 400)
     assert block["link"] == {"gbps": 400, "what": "InfiniBand NDR, one port: 400 Gb/s"}
-    assert bandwidth_summary([gm], "800")["bandwidth"]["rows"][0]["of_link_pct"] == 1000.0
+    assert bandwidth_summary([gm], link="800")["bandwidth"]["rows"][0]["of_link_pct"] == 1000.0
     assert bandwidth_summary([]) == {}
 
 
@@ -102,3 +102,20 @@ def test_a_bad_link_is_one_line_naming_it(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert json.loads(done.stdout)["summary"]["bandwidth"]["link"]["gbps"] == 3600
+
+
+def test_point_to_point_transfers_are_rows_per_direction_of_each_pair() -> None:
+    import dtprof
+
+    trace = SAMPLES / "pipeline-1f1b"
+    rows = analyze(trace).to_json()["summary"]["bandwidth"]["rows"]
+    p2p = {r["group"]: r for r in rows if r["op"] == "p2p"}
+    # four stages in a line: each neighbour pair, both ways
+    assert set(p2p) == {"0 0->1", "0 1->0", "0 1->2", "0 2->1", "0 2->3", "0 3->2"}
+    sends = dtprof.load_trace(trace).collectives
+    sends = sends[sends["op"].isin(["send", "isend"])]
+    counted = sends.groupby(["rank", "peer"]).size()
+    for (src, dst), n in counted.items():
+        row = p2p[f"0 {src}->{int(dst)}"]
+        assert row["calls"] == n and row["ranks"] == 2  # every send met its receive
+        assert row["busbw_gbs"] == row["algbw_gbs"] > 0  # the factor is 1
