@@ -146,7 +146,7 @@ def p2p_rows(
     """Point-to-point transfers as rows like the collectives' (op ``p2p``, ranks 2, group
     ``<group> <src>-><dst>``): each send matched with the receive of the same group, pair and
     sequence number."""
-    if not collectives.num_rows or not collectives.column("peer").null_count < len(collectives):
+    if collectives.column("peer").null_count == collectives.num_rows:  # none, or no p2p
         return []
     p2p = rows(collectives, ~is_null(collectives, "peer"))
     first, last = steps
@@ -173,10 +173,10 @@ def p2p_rows(
     start, end = values(p2p, "start_ns", np.int64), values(p2p, "end_ns", np.int64)
     nbytes = values(p2p, "bytes", np.float64)
     s_at, r_at = np.flatnonzero(send), np.flatnonzero(~send)
-    order = np.argsort(key[r_at], kind="stable")
-    found = np.searchsorted(key[r_at][order], key[s_at]).clip(0, max(len(r_at) - 1, 0))
     if not len(r_at):
         return []
+    order = np.argsort(key[r_at], kind="stable")
+    found = np.searchsorted(key[r_at][order], key[s_at]).clip(0, len(r_at) - 1)
     r_match = r_at[order][found]
     hit = key[r_match] == key[s_at]
     s_at, r_match = s_at[hit], r_match[hit]
