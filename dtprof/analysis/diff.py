@@ -7,8 +7,9 @@ Each run is analysed whole (recorded traces and profiler traces alike). Compared
   (waiting, idle), each step's value the median over the ranks.
 - **Per rank**, for ranks in both runs: each rank's step and compute time, the same way.
 - **Throughput** (samples/s, tokens/s), **memory** (the largest resident and CUDA figures of
-  any rank), **bandwidth** per group, op and message size (dtprof.analysis.bandwidth), and the
-  **findings** that appeared or went away (by code and ranks).
+  any rank), **bandwidth** per group, op and message size (dtprof.analysis.bandwidth), the
+  **GPU figures** of profiler traces per rank (HTA's; of the whole trace where it has no
+  steps), and the **findings** that appeared or went away (by code and ranks).
 
 A change is called only when it is real and larger than the runs' own noise: the two runs'
 per-step values differ by a two-sided Mann-Whitney U test (normal approximation, ties
@@ -136,8 +137,26 @@ def diff(base: tuple[RunSummary, Report], new: tuple[RunSummary, Report]) -> dic
         "throughput": _throughput(base_report, new_report),
         "memory": _memory(base_run, new_run),
         "bandwidth": _bandwidth(base_run, new_run),
+        "gpu": _gpu(base_report, new_report),
         "findings": _findings(base_report, new_report),
     }
+
+
+GPU_FIGURES = ("span_ms", "idle_pct", "compute_pct", "non_compute_pct", "comm_overlap_pct")
+
+
+def _gpu(base: Report, new: Report) -> list[dict[str, Any]]:
+    """Per rank in both profiler traces, HTA's figures of each (dtprof.analysis.gpu): the whole
+    trace's where it has no steps."""
+
+    def by_rank(report: Report) -> dict[int, dict[str, Any]]:
+        return {r["rank"]: r for r in (report.summary.get("gpu") or {}).get("ranks", [])}
+
+    b, n = by_rank(base), by_rank(new)
+    return [
+        {"rank": rank, **{k: {"base": b[rank].get(k), "new": n[rank].get(k)} for k in GPU_FIGURES}}
+        for rank in sorted(set(b) & set(n))
+    ]
 
 
 def _about(report: Report, steps: pd.DataFrame) -> dict[str, Any]:

@@ -78,6 +78,13 @@ def _metric_rows(result: dict[str, Any]) -> list[list[str]]:
     ]
 
 
+GPU_LABELS = {
+    "span_ms": ("span", " ms"),
+    "idle_pct": ("idle", "%"),
+    "compute_pct": ("compute", "%"),
+    "non_compute_pct": ("non-compute", "%"),
+    "comm_overlap_pct": ("overlap", "%"),
+}
 HEADERS = ["median ms per step", "base", "new", "change", "noise", "p", ""]
 
 
@@ -106,8 +113,16 @@ def _lines(result: dict[str, Any]) -> list[tuple[str, list[str]]]:
             f"{b['time_ms']['new']:.3f} ms, busbw {b['busbw_gbs']['base']:.3f} -> "
             f"{b['busbw_gbs']['new']:.3f} GB/s ({_change(b['busbw_change_pct'])})"
         )
+    for g in result["gpu"]:
+        figures = ", ".join(
+            f"{label} {_value(g[name]['base'])} -> {_value(g[name]['new'])}{unit}"
+            for name, (label, unit) in GPU_LABELS.items()
+        )
+        other.append(f"rank {g['rank']} GPU: {figures}")
     if other:
-        sections.append(("throughput, memory and bandwidth (point figures, not tested)", other))
+        sections.append(
+            ("throughput, memory, bandwidth and GPU (point figures, not tested)", other)
+        )
     found = result["findings"]
     changed = [
         f"appeared: {f['code']} (ranks {f['ranks']}): {f['message']}" for f in found["appeared"]

@@ -74,6 +74,21 @@ def test_profiler_traces_compare_too() -> None:
     assert result["base"]["steps_compared"] == result["new"]["steps_compared"] == 6
     compute = result["metrics"]["compute_ms"]  # the GPU's compute kernels, per step
     assert compute["base"] > 0 and compute["new"] > 0
+    # +73% in medians, but six steps that vary by half: inside the noise band, not called
+    assert compute["change_pct"] > 50 and compute["p"] < 0.01 and not compute["called"]
+    assert result["gpu"] == []  # rank 3 of one job against rank 1 of another
+
+
+def test_traces_without_steps_compare_by_their_gpu_figures() -> None:
+    folder = PAIR.parent / "hta_unstepped"
+    if not folder.is_dir():
+        pytest.skip(f"reference traces not here ({folder})")
+    done = _diff(folder / "simple_add.json.gz", folder / "mtia_rank_0.json.gz", "--format", "json")
+    assert done.returncode == 0, done.stderr
+    (rank,) = json.loads(done.stdout)["gpu"]
+    assert rank["rank"] == 0
+    assert rank["idle_pct"]["base"] == pytest.approx(99.7, abs=0.1)
+    assert rank["compute_pct"]["new"] == pytest.approx(54.8, abs=0.1)
 
 
 def test_bad_input_is_one_line(tmp_path: Path) -> None:
