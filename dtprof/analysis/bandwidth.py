@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from dtprof.analysis.columns import codes, is_null, rows, values
+from dtprof.analysis.columns import codes, in_steps, is_null, rows, steps_between, values
 from dtprof.analysis.matching import GroupMatrix
 
 # the peaks of common links, a direction: the figure a bus bandwidth approaches at best
@@ -103,14 +103,9 @@ def bandwidth_rows(
     in order of the time their calls took in all; the calls of steps first <= step < last
     (None: open on that side); with ``collectives`` (the run's records), point-to-point
     transfers too."""
-    first, last = steps
     out: list[dict[str, Any]] = []
     for gm in matched:
-        whole = gm.complete & gm.agree
-        if first is not None:
-            whole &= gm.step >= first
-        if last is not None:
-            whole &= gm.step < last
+        whole = gm.complete & gm.agree & in_steps(gm.step, *steps)
         if not whole.any():
             continue
         n = gm.size
@@ -148,15 +143,7 @@ def p2p_rows(
     sequence number."""
     if collectives.column("peer").null_count == collectives.num_rows:  # none, or no p2p
         return []
-    p2p = rows(collectives, ~is_null(collectives, "peer"))
-    first, last = steps
-    step = values(p2p, "step", np.int64)
-    keep = np.ones(len(step), bool)
-    if first is not None:
-        keep &= step >= first
-    if last is not None:
-        keep &= step < last
-    p2p = rows(p2p, keep)
+    p2p = steps_between(rows(collectives, ~is_null(collectives, "peer")), *steps)
     if not p2p.num_rows:
         return []
     group, names = codes(p2p, "group")

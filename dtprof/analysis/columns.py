@@ -64,13 +64,17 @@ def steps_between(t: pa.Table, first: int | None, last: int | None) -> pa.Table:
     column whole)."""
     if not t.num_rows or "step" not in t.column_names or first is last is None:
         return t
-    step = values(t, "step")
+    return rows(t, in_steps(values(t, "step"), first, last))
+
+
+def in_steps(step: np.ndarray, first: int | None, last: int | None) -> np.ndarray:
+    """Mask of first <= step < last (None: open on that side)."""
     mask = np.ones(len(step), bool)
     if first is not None:
         mask &= step >= first
     if last is not None:
         mask &= step < last
-    return rows(t, mask)
+    return mask
 
 
 def groups(*keys: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:

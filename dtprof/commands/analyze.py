@@ -6,8 +6,8 @@ import argparse
 import contextlib
 import json
 
+from dtprof.commands.output import deliver
 from dtprof.commands.own_process import pandas_held_back
-from dtprof.errors import DtprofError
 
 
 def run(args: argparse.Namespace) -> int:
@@ -40,13 +40,6 @@ def run(args: argparse.Namespace) -> int:
         out = json.dumps(report.to_json(), indent=1)
     else:
         out = markdown(report) if args.format == "markdown" else text(report)
-    if args.output:
-        try:
-            with open(args.output, "w") as f:
-                f.write(out + "\n")
-        except OSError as exc:
-            raise DtprofError(f"{args.output}: cannot write the report ({exc.strerror})") from None
-    else:
-        print(out)
+    deliver(out, args.output, "report")
     worst = report.worst()
     return 1 if worst and severity_rank(worst) >= severity_rank(args.fail_on) else 0

@@ -7,7 +7,7 @@ import argparse
 import json
 from typing import Any
 
-from dtprof.errors import DtprofError
+from dtprof.commands.output import deliver
 
 LABELS = {
     "step_ms": "step",
@@ -34,16 +34,7 @@ def run(args: argparse.Namespace) -> int:
         out = json.dumps(result, indent=1)
     else:
         out = markdown(result) if args.format == "markdown" else text(result)
-    if args.output:
-        try:
-            with open(args.output, "w") as f:
-                f.write(out + "\n")
-        except OSError as exc:
-            raise DtprofError(
-                f"{args.output}: cannot write the comparison ({exc.strerror})"
-            ) from None
-    else:
-        print(out)
+    deliver(out, args.output, "comparison")
     return 1 if result.get("regression", {}).get("failed") else 0
 
 
