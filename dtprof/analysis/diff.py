@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from dtprof.analysis.bandwidth import bandwidth_rows
 from dtprof.analysis.columns import rows, values, warmup_steps
 from dtprof.analysis.measures import rank_steps
 from dtprof.analysis.report import Report
@@ -135,7 +136,7 @@ def diff(base: tuple[RunSummary, Report], new: tuple[RunSummary, Report]) -> dic
         "ranks": _ranks(b, n),
         "throughput": _throughput(base_report, new_report),
         "memory": _memory(base_run, new_run),
-        "bandwidth": _bandwidth(base_report, new_report),
+        "bandwidth": _bandwidth(base_run, new_run),
         "gpu": _gpu(base_report, new_report),
         "findings": _findings(base_report, new_report),
     }
@@ -206,17 +207,16 @@ def _largest(memory: pa.Table, metric: str) -> float | None:
     return round(float(values(these, "value").max()) / 2**20, 1) if these.num_rows else None
 
 
-def _bandwidth(base: Report, new: Report) -> list[dict[str, Any]]:
-    """Per group, op and size band in both runs' reports: the median time and bus bandwidth of
-    each."""
-
-    def rows_of(report: Report) -> list[dict[str, Any]]:
-        return list((report.summary.get("bandwidth") or {}).get("rows", []))
-
+def _bandwidth(base: RunSummary, new: RunSummary) -> list[dict[str, Any]]:
+    """Per group, op and size band in both runs: the median time and bus bandwidth of each
+    (recomputed: the reports' rows are rounded, too coarse for the change of a slow link)."""
     key = ("group", "op", "band")
-    b = {tuple(r[k] for k in key): r for r in rows_of(base)}
+    b = {
+        tuple(r[k] for k in key): r
+        for r in bandwidth_rows(base.matched, collectives=base.collectives)
+    }
     out = []
-    for row in rows_of(new):
+    for row in bandwidth_rows(new.matched, collectives=new.collectives):
         old = b.get(tuple(row[k] for k in key))
         if old is None:
             continue
