@@ -44,6 +44,7 @@ from dtprof.jobs import launch
 
 DDP = "--steps 40 --device-ms 20 --bucket-mb 0.25 --fingerprint-every 5"
 PIPELINE = "--steps 30 --device-ms 160 --microbatches 8"
+TENSOR_PARALLEL = "--steps 40 --device-ms 10 --width 384 --bucket-mb 0.25 --fingerprint-every 5"
 SEVERE = ("warning", "error")
 JOB_TIMEOUT_S = 240
 
@@ -65,6 +66,12 @@ class Kind:
     consequences: tuple[str, ...] = ()  # codes the fault may cause beside its own finding
     extra: str = ""  # options of the kind; {draws} filled in (see draw())
     hang: bool = False  # the job never ends: stopped once its ranks are stuck
+    group: int = 1  # the fault acts on the culprit's group of this many consecutive ranks
+
+    def culprits(self, culprit: int) -> list[int]:
+        """The ranks a finding must name: the culprit's group."""
+        first = culprit - culprit % self.group
+        return list(range(first, first + self.group))
 
     @property
     def steps(self) -> int:
@@ -201,6 +208,16 @@ KINDS = (
         consequences=("pipeline-bubble",),
         early=1,
         late=1,
+    ),
+    Kind("healthy-tensor-parallel", "tensor-parallel", TENSOR_PARALLEL, "none", ()),
+    Kind(
+        "slow-link",
+        "tensor-parallel",
+        TENSOR_PARALLEL,
+        "slow-link",
+        ("slow-link",),
+        magnitude=(3.0, 10.0),  # the culprit's tensor-parallel pair: its all-reduces that slow
+        group=2,
     ),
     Kind(
         "exception-at-start",
@@ -342,7 +359,7 @@ def score(trial: Trial, report: Report) -> None:
     # stops and hangs are read whenever they happen
     exact = {"hang", "rank-stopped", "non-finite", "loss-spike", "replica-divergence"}
     expected = trial.onset if exact & set(k.codes) else max(trial.onset, warmup)
-    culprits = [trial.culprit]
+    culprits = k.culprits(trial.culprit)
     own = [f for f in report.findings if f.code in k.codes and sorted(f.ranks) == culprits]
     trial.localized = bool(own)
     if own:
@@ -458,7 +475,8 @@ def _print_miss(t: Trial, ranks: int) -> None:
         why.append(t.failure)
     elif not t.healthy:
         if not t.localized:
-            why.append(f"no {' or '.join(t.kind.codes)} finding naming rank {t.culprit}")
+            named = ", ".join(map(str, t.kind.culprits(t.culprit)))
+            why.append(f"no {' or '.join(t.kind.codes)} finding naming ranks {named}")
         elif not t.onset_ok:
             why.append(f"onset outside [-{t.kind.early}, +{t.kind.late}] of step {t.onset}")
     if t.false_warnings:

@@ -25,6 +25,9 @@ from dtprof.jobs import launch
 OPTIONS = {
     "healthy-ddp": "--steps {steps} --device-ms 20 --bucket-mb 0.25",
     "fsdp2": "--steps {steps} --device-ms 20",
+    "tensor-parallel": "--steps {steps} --device-ms 10 --width 384 --bucket-mb 0.25",
+    "pipeline": "--steps {steps} --device-ms 160 --microbatches 8 --schedule 1f1b",
+    "pipeline-fsdp": "--steps {steps} --device-ms 80 --microbatches 4",
 }
 SEVERE = ("warning", "error")
 
@@ -81,11 +84,11 @@ def main(argv: list[str] | None = None) -> int:
         f"machine: {os.cpu_count()} CPUs, load average {load_before:.1f} before, "
         f"{os.getloadavg()[0]:.1f} after\n"
     )
-    print(f"{'job':<14}{'runs':>6}{'with a warning+':>17}  which (times)            info only")
+    print(f"{'job':<16}{'runs':>6}{'with a warning+':>17}  which (times)            info only")
     for job, flagged, alarms, infos in rows:
         which = ", ".join(f"{k} ({v})" for k, v in alarms.items()) or "-"
         info = ", ".join(f"{k} ({v})" for k, v in infos.items()) or "-"
-        print(f"{job:<14}{args.runs:>6}{flagged:>17}  {which:<24} {info}")
+        print(f"{job:<16}{args.runs:>6}{flagged:>17}  {which:<24} {info}")
     return 1 if any(flagged for _, flagged, _, _ in rows) else 0
 
 

@@ -6,7 +6,8 @@ them, per process group, op and message size, against a link's peak where one is
   are left out. Point-to-point transfers too: a send matched with its receive (the same group
   and pair, the pair's sequence number), one row per direction of each pair (``0->1``).
 - **Time** ``t``: from the last member's arrival to the last member's completion (of a send and
-  its receive: the later start to the later end). Waiting for a late rank is the straggler's
+  its receive: the later start to the earlier end, since each side's end is when its wait()
+  returned, which a rank busy elsewhere calls late). Waiting for a late rank is the straggler's
   cost (the straggler check), not the network's.
 - **Size** ``S``, as nccl-tests counts it: the input of all-reduce, reduce-scatter, all-to-all,
   broadcast and reduce (the bytes dtprof records); the gathered output of all-gather and gather
@@ -23,6 +24,7 @@ them, per process group, op and message size, against a link's peak where one is
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -94,6 +96,58 @@ def _size(n: float) -> str:
     return f"{n:g} B"
 
 
+@dataclass(frozen=True)
+class Transfers:
+    """One group's calls of one op that moved data (or one direction of a point-to-point pair):
+    what a bandwidth row sums up, call by call."""
+
+    group: str  # the group's name; point-to-point: "<group> <src>-><dst>"
+    ranks: tuple[int, ...]  # its members, ascending; point-to-point: (src, dst)
+    op: str  # point-to-point: "p2p"
+    factor: float  # nccl-tests' bus bandwidth factor
+    step: np.ndarray  # (n,) each call's step
+    size: np.ndarray  # (n,) bytes, as nccl-tests counts them
+    t_ns: np.ndarray  # (n,) from the last member's arrival to completion
+
+    @property
+    def busbw(self) -> np.ndarray:
+        """Each call's bus bandwidth, GB/s."""
+        return self.size / self.t_ns * self.factor
+
+    @property
+    def band(self) -> np.ndarray:
+        return band_of(self.size)
+
+
+def transfers(
+    matched: list[GroupMatrix],
+    steps: tuple[int | None, int | None] = (None, None),
+    collectives: pa.Table | None = None,
+) -> list[Transfers]:
+    """Every group's calls, op by op, of steps first <= step < last (None: open on that side);
+    with ``collectives`` (the run's records), point-to-point transfers too."""
+    out: list[Transfers] = []
+    for gm in matched:
+        whole = gm.complete & gm.agree & in_steps(gm.step, *steps)
+        if not whole.any():
+            continue
+        n = gm.size
+        start, end = gm.start[whole], gm.end[whole]
+        t_ns = (end.max(axis=1) - start.max(axis=1)).astype(np.float64)
+        ops, nbytes, step = gm.op[whole], gm.nbytes[whole], gm.step[whole]
+        for op in sorted(set(ops.tolist())):
+            factor = bus_factor(str(op), n)
+            pick = (ops == op) & (t_ns > 0) & (nbytes > 0)
+            if factor is None or not pick.any():
+                continue
+            size = nbytes[pick] * (n if _gathered(str(op)) else 1)
+            members = tuple(int(r) for r in gm.ranks)
+            out.append(Transfers(gm.group, members, str(op), factor, step[pick], size, t_ns[pick]))
+    if collectives is not None:
+        out += p2p_transfers(collectives, steps)
+    return out
+
+
 def bandwidth_rows(
     matched: list[GroupMatrix],
     steps: tuple[int | None, int | None] = (None, None),
@@ -103,31 +157,12 @@ def bandwidth_rows(
     in order of the time their calls took in all; the calls of steps first <= step < last
     (None: open on that side); with ``collectives`` (the run's records), point-to-point
     transfers too."""
-    out: list[dict[str, Any]] = []
-    for gm in matched:
-        whole = gm.complete & gm.agree & in_steps(gm.step, *steps)
-        if not whole.any():
-            continue
-        n = gm.size
-        start, end = gm.start[whole], gm.end[whole]
-        t_ns = (end.max(axis=1) - start.max(axis=1)).astype(np.float64)
-        ops, nbytes = gm.op[whole], gm.nbytes[whole]
-        for op in sorted(set(ops.tolist())):
-            factor = bus_factor(str(op), n)
-            pick = (ops == op) & (t_ns > 0) & (nbytes > 0)
-            if factor is None or not pick.any():
-                continue
-            size = nbytes[pick] * (n if _gathered(str(op)) else 1)
-            t = t_ns[pick]
-            algbw = size / t  # bytes per ns = GB/s
-            bands = band_of(size)
-            for band in np.unique(bands).tolist():
-                at = bands == band
-                out.append(
-                    _row(gm.group, n, str(op), int(band), size[at], t[at], algbw[at], factor)
-                )
-    if collectives is not None:
-        out += p2p_rows(collectives, steps)
+    out = []
+    for x in transfers(matched, steps, collectives):
+        bands = x.band
+        for band in np.unique(bands).tolist():
+            at = bands == band
+            out.append(_row(x, int(band), at))
     out.sort(key=lambda r: -r["total_ms"])
     return out
 
@@ -135,10 +170,10 @@ def bandwidth_rows(
 SENDS = ("send", "isend")
 
 
-def p2p_rows(
+def p2p_transfers(
     collectives: pa.Table, steps: tuple[int | None, int | None] = (None, None)
-) -> list[dict[str, Any]]:
-    """Point-to-point transfers as rows like the collectives' (op ``p2p``, ranks 2, group
+) -> list[Transfers]:
+    """Point-to-point transfers, one Transfers a direction of each pair (group
     ``<group> <src>-><dst>``): each send matched with the receive of the same group, pair and
     sequence number."""
     if collectives.column("peer").null_count == collectives.num_rows:  # none, or no p2p
@@ -159,6 +194,7 @@ def p2p_rows(
         key = key * (int(part.max()) + 1) + part
     start, end = values(p2p, "start_ns", np.int64), values(p2p, "end_ns", np.int64)
     nbytes = values(p2p, "bytes", np.float64)
+    step = values(p2p, "step")
     s_at, r_at = np.flatnonzero(send), np.flatnonzero(~send)
     if not len(r_at):
         return []
@@ -167,7 +203,7 @@ def p2p_rows(
     r_match = r_at[order][found]
     hit = key[r_match] == key[s_at]
     s_at, r_match = s_at[hit], r_match[hit]
-    t = (np.maximum(end[s_at], end[r_match]) - np.maximum(start[s_at], start[r_match])).astype(
+    t = (np.minimum(end[s_at], end[r_match]) - np.maximum(start[s_at], start[r_match])).astype(
         np.float64
     )
     size = nbytes[s_at]
@@ -175,34 +211,30 @@ def p2p_rows(
     s_at, t, size = s_at[good], t[good], size[good]
     out = []
     pair = group[s_at].astype(np.int64) * (1 << 42) + src[s_at] * (1 << 21) + dst[s_at]
-    bands = band_of(size)
     for p_key in np.unique(pair).tolist():
         mine = pair == p_key
         i = s_at[np.flatnonzero(mine)[0]]
         label = f"{names[group[i]]} {src[i]}->{dst[i]}"
-        for band in np.unique(bands[mine]).tolist():
-            at = mine & (bands == band)
-            algbw = size[at] / t[at]
-            out.append(_row(label, 2, "p2p", int(band), size[at], t[at], algbw, 1.0))
+        ends = (int(src[i]), int(dst[i]))
+        out.append(Transfers(label, ends, "p2p", 1.0, step[s_at[mine]], size[mine], t[mine]))
     return out
 
 
-def _row(
-    group: str, n: int, op: str, band: int, size: np.ndarray, t: np.ndarray, algbw: np.ndarray,
-    factor: float,
-) -> dict[str, Any]:  # fmt: skip
+def _row(x: Transfers, band: int, at: np.ndarray) -> dict[str, Any]:
+    size, t = x.size[at], x.t_ns[at]
+    algbw = size / t  # bytes per ns = GB/s
     return {
-        "group": group,
-        "ranks": n,
-        "op": op,
+        "group": x.group,
+        "ranks": len(x.ranks),
+        "op": x.op,
         "band": band_label(band),
         "calls": len(t),
         "bytes": float(np.median(size)),
         "time_ms": float(np.median(t)) / 1e6,
         "total_ms": float(t.sum()) / 1e6,
         "algbw_gbs": float(np.median(algbw)),
-        "busbw_gbs": float(np.median(algbw)) * factor,
-        "busbw_p10_gbs": float(np.percentile(algbw, 10)) * factor,
+        "busbw_gbs": float(np.median(algbw)) * x.factor,
+        "busbw_p10_gbs": float(np.percentile(algbw, 10)) * x.factor,
     }
 
 

@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 
 from dtprof.analysis.columns import concat, is_null, rows, steps_between, values
 from dtprof.analysis.gpu import GPU_PHASE, Kernels, kernel_figures
+from dtprof.analysis.intervals import compute_before, merged_compute
 from dtprof.analysis.matching import GroupMatrix, match
 from dtprof.errors import DtprofError
 from dtprof.trace.meta import ClockParams, InflightOp, RankMeta
@@ -139,9 +140,13 @@ def summarize_frames(meta: RankMeta, folder: Tables, inflight_ops: list[Inflight
         computing = pc.is_in(name, pa.array(COMPUTE_PHASES)).to_numpy(zero_copy_only=False)
         loading = pc.equal(name, "data").to_numpy(zero_copy_only=False)
         computing, loading = np.asarray(computing, bool), np.asarray(loading, bool)
-    steps = steps.append_column("compute_ns", pa.array(_per_step(phases, steps, computing)))
+    collectives = _rank_rows(folder, "collectives", rank, params, [*COLLECTIVE_COLUMNS, "async_op"])
+    compute = _per_step(phases, steps, computing) - _blocked(
+        rows(phases, computing), collectives, steps
+    )
+    steps = steps.append_column("compute_ns", pa.array(compute))
     steps = steps.append_column("data_ns", pa.array(_per_step(phases, steps, loading)))
-    collectives = _rank_rows(folder, "collectives", rank, params, COLLECTIVE_COLUMNS)
+    collectives = collectives.drop_columns(["async_op"])
     for col in TEXT_CODED:
         i = collectives.schema.get_field_index(col)
         collectives = collectives.set_column(i, col, pc.dictionary_encode(collectives.column(i)))
@@ -223,6 +228,29 @@ def _per_step(phases: pa.Table, steps: pa.Table, mask: np.ndarray) -> np.ndarray
     total = np.bincount(at[known], weights=ns, minlength=len(keys))
     seen = np.bincount(at[known], minlength=len(keys)) > 0
     return np.where(seen, total, np.nan)[inverse.ravel()]
+
+
+def _blocked(compute: pa.Table, collectives: pa.Table, steps: pa.Table) -> np.ndarray:
+    """Per step (the steps' rows), the ns of compute phases this rank spent blocked in
+    synchronous collectives: a thread that waits in an all-reduce computes nothing, though the
+    call came from inside a forward (tensor parallelism's all-reduces)."""
+    sync = pc.equal(collectives.column("async_op"), False)
+    sync = pc.and_(sync, pc.is_valid(collectives.column("end_ns")))
+    blocked = np.zeros(steps.num_rows)
+    if not compute.num_rows or not pc.any(sync).as_py():
+        return blocked
+    calls = collectives.filter(sync)
+    merged = merged_compute(compute).get(int(values(calls, "rank")[0]))
+    if merged is None:
+        return blocked
+    start, end = values(calls, "start_ns", np.int64), values(calls, "end_ns", np.int64)
+    under = compute_before(merged, end) - compute_before(merged, np.minimum(start, end))
+    keys, inverse = np.unique(values(steps, "step"), return_inverse=True)
+    step = values(calls, "step")
+    at = np.searchsorted(keys, step).clip(0, max(len(keys) - 1, 0))
+    known = (keys[at] == step) if len(keys) else np.zeros(len(step), bool)
+    per_key = np.bincount(at[known], weights=under[known].astype(np.float64), minlength=len(keys))
+    return per_key[inverse.ravel()]
 
 
 def _groups(table: pa.Table) -> pa.Table:

@@ -10,12 +10,16 @@ stuck elsewhere, a process killed, an exception raised, memory held on to.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import signal
+import statistics
 import time
+from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
 from torch import nn
 
 from dtprof.jobs import models
@@ -97,6 +101,51 @@ class DdpFault:
             self.held.append(torch.ones(int(self.magnitude * 2**20) // 4))
 
 
+class SlowLink:
+    """A degraded link under one process group: from step ``onset`` on, each synchronous
+    all-reduce on ``group`` takes ``magnitude`` times as long as the link's healthy time for its
+    bytes, on every member alike (they sleep the difference after the real transfer, so the
+    group still ends together). The healthy time is measured before training: the slowest
+    member's median of some all-reduces of ``probe``'s size.
+
+    Installed before dtprof's profile starts, so that dtprof records the throttled call as the
+    user's all-reduce, as it would a slow one.
+    """
+
+    def __init__(
+        self, group: dist.ProcessGroup, magnitude: float, onset: int, probe: torch.Tensor
+    ) -> None:
+        self.group, self.magnitude, self.onset = group, magnitude, onset
+        self.step = 0
+        took = []
+        for _ in range(30):
+            t0 = time.perf_counter()
+            dist.all_reduce(probe.clone(), group=group)
+            took.append(time.perf_counter() - t0)
+        slowest = torch.tensor([statistics.median(took[5:])])
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
+        self.s_per_byte = float(slowest) / (probe.numel() * probe.element_size())
+        self.real = dist.all_reduce
+
+    def install(self) -> None:
+        """Put the throttled all-reduce where torch.distributed's callers find it."""
+        real = self.real
+
+        @functools.wraps(real)
+        def all_reduce(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            work = real(tensor, *args, **kwargs)
+            group = kwargs.get("group", args[1] if len(args) > 1 else None)
+            if group is self.group and self.step >= self.onset and work is None:
+                nbytes = tensor.numel() * tensor.element_size()
+                time.sleep((self.magnitude - 1) * self.s_per_byte * nbytes)
+            return work
+
+        c10d.all_reduce = dist.all_reduce = all_reduce  # type: ignore[assignment]
+
+    def uninstall(self) -> None:
+        c10d.all_reduce = dist.all_reduce = self.real  # type: ignore[assignment]
+
+
 def add_options(p: argparse.ArgumentParser) -> None:
     """The worker's options that choose and place a fault."""
     p.add_argument("--fault", default="none", help="the kind of fault to plant")
@@ -106,8 +155,9 @@ def add_options(p: argparse.ArgumentParser) -> None:
         "--magnitude",
         type=float,
         default=0.3,
-        help="stragglers and slow stages: extra device time (0.3: 1.3x); data stall: ms; "
-        "memory leak: MiB per step; loss spike: times the loss; perturbed replica: noise scale",
+        help="stragglers and slow stages: extra device time (0.3: 1.3x); slow link: times the "
+        "healthy transfer time; data stall: ms; memory leak: MiB per step; loss spike: times "
+        "the loss; perturbed replica: noise scale",
     )
     p.add_argument("--duration", type=int, default=10, help="transient straggler: steps")
     p.add_argument("--period", type=int, default=5, help="data stall: every that many steps")

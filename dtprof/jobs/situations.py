@@ -189,6 +189,44 @@ def pipeline_fsdp(args: argparse.Namespace) -> None:
     _pipeline_loop(args, schedule, opt, [index], n_stages, mesh.get_local_rank("dp"))
 
 
+def tensor_parallel(args: argparse.Namespace) -> None:
+    """A 2-D job: tensor parallelism (dtprof.jobs.tensor_parallel) over pairs of ranks ({0, 1},
+    {2, 3}, ...: a node each, where Megatron-LM keeps its tensor-parallel groups), data
+    parallelism (DDP) across the pairs; ``--fault slow-link`` throttles the tensor-parallel
+    group of ``--culprit`` from ``--onset`` on (dtprof.jobs.faults.SlowLink)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from dtprof.jobs import tensor_parallel as tp
+    from dtprof.jobs.faults import SlowLink
+    from dtprof.jobs.worker import train_loop
+
+    if args.fault not in ("none", "slow-link"):
+        raise SystemExit(f"unknown fault {args.fault!r} for tensor-parallel: none, slow-link")
+    mesh = init_device_mesh("cpu", (dist.get_world_size() // 2, 2), mesh_dim_names=("dp", "tp"))
+    tp_group = mesh.get_group("tp")
+    net = tp.mlp(args.width, args.depth, tp_group, args.seed, args.device_ms / 1000 / args.batch)
+    model = DDP(net, process_group=mesh.get_group("dp"), bucket_cap_mb=args.bucket_mb)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    slow = None
+    if args.fault == "slow-link" and args.culprit in dist.get_process_group_ranks(tp_group):
+        probe = torch.zeros(args.batch, args.width)  # the size of every all-reduce of the group
+        slow = SlowLink(tp_group, args.magnitude, args.onset, probe)
+        slow.install()
+
+    def before_forward(step: int, x: torch.Tensor) -> torch.Tensor:
+        if slow is not None:
+            slow.step = step
+        return x
+
+    try:
+        train_loop(
+            args, model, opt, before_forward=before_forward, replica=mesh.get_local_rank("dp")
+        )
+    finally:
+        if slow is not None:
+            slow.uninstall()
+
+
 def _stage_block(args: argparse.Namespace, index: int, n_stages: int, slow: bool) -> nn.Sequential:
     """Stage ``index`` of ``n_stages``: two linear layers with their share of the model's device
     time (the last stage adds the classifier), slowed by ``--magnitude`` when ``slow`` and this
@@ -346,6 +384,7 @@ SITUATIONS: dict[str, Callable[[argparse.Namespace], None]] = {
     "fsdp2": fsdp2,
     "pipeline": pipeline,
     "pipeline-fsdp": pipeline_fsdp,
+    "tensor-parallel": tensor_parallel,
     "all-ops": all_ops,
     "faulty-hooks": faulty_hooks,
     "skip-collective": skip_collective,

@@ -74,10 +74,13 @@ def train_loop(
     after_backward: Callable[[int], None] | None = None,
     in_data: Callable[[int], None] | None = None,
     slowdown: models.SlowDown | None = None,
+    replica: int | None = None,
 ) -> None:
-    """The common DDP-style loop: data region, forward, loss, backward, optimizer, log, step."""
-    rank = dist.get_rank()
-    data = models.Batches(rank, args.batch, args.width, seed=args.seed)
+    """The common DDP-style loop: data region, forward, loss, backward, optimizer, log, step;
+    each rank reads the batches of data-parallel ``replica`` (default: its own rank's)."""
+    data = models.Batches(
+        dist.get_rank() if replica is None else replica, args.batch, args.width, seed=args.seed
+    )
     loss_fn = nn.CrossEntropyLoss()
     with dtprof.profile(
         args.trace,

@@ -15,6 +15,7 @@ from dtprof.analysis.checks import (
     poor_overlap,
     rank_stopped,
     replica_divergence,
+    slow_link,
     slow_stage,
     straggler,
 )
@@ -33,6 +34,7 @@ CHECKS: list[Check] = [
     poor_overlap.check,
     pipeline_bubble.check,
     slow_stage.check,
+    slow_link.check,
     loss_spike.check,
     memory_growth.check,
     partial_data.check,
