@@ -250,6 +250,25 @@ def slow_stage(trace: Trace, rank: int, microbatches: int) -> str:
     )
 
 
+def slow_link(trace: Trace, ranks: list[int], slowdown: float) -> str:
+    """The tensor-parallel group of ``ranks`` takes clearly longer per all-reduce than the
+    other; every rank's forward and backward, less that waiting, alike."""
+    groups = trace.groups.drop_duplicates("group")
+    tp = groups[groups["ranks"].map(lambda r: len(r) == 2 and r[1] - r[0] == 1)]
+    slow = tp[tp["ranks"].map(list) == ranks]["group"]
+    _need(len(tp) == 2 and len(slow) == 1, f"tensor-parallel groups: {tp.to_dict('records')}")
+    coll = _after_warmup(trace.collectives)
+    coll = coll[coll["group"].isin(tp["group"]) & ~coll["async_op"]]
+    call_ms = _ms(coll).groupby(coll["group"]).median()
+    ratio = call_ms[slow.iloc[0]] / call_ms.drop(slow.iloc[0]).iloc[0]
+    _need(ratio > slowdown / 2, f"all-reduce ms by group: {call_ms.round(2).to_dict()}")
+    return (
+        f"ranks {ranks[0]} and {ranks[1]}'s tensor-parallel all-reduces take "
+        f"{call_ms[slow.iloc[0]]:.2f} ms (median), {ratio:.1f}x the other pair's "
+        f"{call_ms.drop(slow.iloc[0]).iloc[0]:.2f} ms"
+    )
+
+
 def comm_bound(trace: Trace) -> str:
     """DDP with one bucket per step whose all-reduce takes longer than the backward before it.
     Its few milliseconds of compute jitter more across ranks on a shared CPU than a long step's."""

@@ -106,6 +106,14 @@ SAMPLES = (
         " --magnitude 0.5",
         partial(evidence.slow_stage, rank=2, microbatches=8),
     ),
+    Sample(
+        "slow-link",
+        "tensor-parallel",
+        4,
+        "--seed 0 --steps 40 --device-ms 10 --width 384 --bucket-mb 0.25 --fault slow-link"
+        " --culprit 2 --onset 0 --magnitude 4",
+        partial(evidence.slow_link, ranks=[2, 3], slowdown=4),
+    ),
     # no device time: the gradients' all-reduce outlasts the compute it could hide under
     Sample("comm-bound-ddp", "fault", 4, "--seed 0 --steps 40", evidence.comm_bound),
     Sample(

@@ -13,7 +13,6 @@ import argparse
 import functools
 import os
 import signal
-import statistics
 import time
 from typing import Any
 
@@ -103,28 +102,19 @@ class DdpFault:
 
 class SlowLink:
     """A degraded link under one process group: from step ``onset`` on, each synchronous
-    all-reduce on ``group`` takes ``magnitude`` times as long as the link's healthy time for its
-    bytes, on every member alike (they sleep the difference after the real transfer, so the
-    group still ends together). The healthy time is measured before training: the slowest
-    member's median of some all-reduces of ``probe``'s size.
+    all-reduce on ``group`` takes ``magnitude`` times as long as its transfer did, on every
+    member alike. After the real call, the members agree on its shortest time there (the
+    member that arrived last waited for no one: its time is the transfer's) and each sleeps
+    (magnitude - 1) times that, so that the group still ends together.
 
     Installed before dtprof's profile starts, so that dtprof records the throttled call as the
-    user's all-reduce, as it would a slow one.
+    user's all-reduce, as it would a slow one; the members' agreement goes to the real
+    all-reduce underneath and is not recorded.
     """
 
-    def __init__(
-        self, group: dist.ProcessGroup, magnitude: float, onset: int, probe: torch.Tensor
-    ) -> None:
+    def __init__(self, group: dist.ProcessGroup, magnitude: float, onset: int) -> None:
         self.group, self.magnitude, self.onset = group, magnitude, onset
         self.step = 0
-        took = []
-        for _ in range(30):
-            t0 = time.perf_counter()
-            dist.all_reduce(probe.clone(), group=group)
-            took.append(time.perf_counter() - t0)
-        slowest = torch.tensor([statistics.median(took[5:])])
-        dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
-        self.s_per_byte = float(slowest) / (probe.numel() * probe.element_size())
         self.real = dist.all_reduce
 
     def install(self) -> None:
@@ -133,11 +123,13 @@ class SlowLink:
 
         @functools.wraps(real)
         def all_reduce(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
             work = real(tensor, *args, **kwargs)
             group = kwargs.get("group", args[1] if len(args) > 1 else None)
             if group is self.group and self.step >= self.onset and work is None:
-                nbytes = tensor.numel() * tensor.element_size()
-                time.sleep((self.magnitude - 1) * self.s_per_byte * nbytes)
+                shortest = torch.tensor([time.perf_counter() - started])
+                real(shortest, op=dist.ReduceOp.MIN, group=group)
+                time.sleep((self.magnitude - 1) * float(shortest))
             return work
 
         c10d.all_reduce = dist.all_reduce = all_reduce  # type: ignore[assignment]

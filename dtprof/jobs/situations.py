@@ -209,8 +209,7 @@ def tensor_parallel(args: argparse.Namespace) -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     slow = None
     if args.fault == "slow-link" and args.culprit in dist.get_process_group_ranks(tp_group):
-        probe = torch.zeros(args.batch, args.width)  # the size of every all-reduce of the group
-        slow = SlowLink(tp_group, args.magnitude, args.onset, probe)
+        slow = SlowLink(tp_group, args.magnitude, args.onset)
         slow.install()
 
     def before_forward(step: int, x: torch.Tensor) -> torch.Tensor:

@@ -14,13 +14,13 @@ BENCHMARK = Path(__file__).resolve().parents[2] / "benchmarks" / "accuracy.py"
 
 
 def test_planted_faults_are_found_where_they_were_planted(tmp_path: Path) -> None:
-    kinds = "exception-at-start,killed,slow-stage-1f1b"
+    kinds = "exception-at-start,killed,slow-stage-1f1b,slow-link"
     proc = subprocess.run(
-        [sys.executable, str(BENCHMARK), "--seed", "3", "--trials", "3", "--kinds", kinds],
+        [sys.executable, str(BENCHMARK), "--seed", "3", "--trials", "4", "--kinds", kinds],
         capture_output=True,
         text=True,
         cwd=tmp_path,
         timeout=600,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "| **all** | 3 | 3/3 | 3/3 | 3/3 | 3/3 |" in proc.stdout, proc.stdout
+    assert "| **all** | 4 | 4/4 | 4/4 | 4/4 | 4/4 |" in proc.stdout, proc.stdout

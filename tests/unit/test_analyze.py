@@ -552,6 +552,7 @@ GOLDEN = {
     "pipeline-1f1b": [("pipeline-bubble", [0, 1, 2, 3], 3)],
     "pipeline-slow-stage": [("pipeline-bubble", [0, 1, 2, 3], 3), ("slow-stage", [2], 3)],
     "comm-bound-ddp": [("communication-bound", [0, 1, 2, 3], 4)],
+    "slow-link": [("slow-link", [2, 3], 4)],
     "crash-at-start": [("rank-stopped", [1], 0), ("rank-stopped", [0, 2, 3], 0)],
 }
 
