@@ -2,10 +2,11 @@
 
 A rank is summarized once from its folder (``fresh``, in a worker process for a large trace),
 then each poll's new rows are summarized alone and appended (``extend``) and dropped. One
-thing does not append: a step's compute and data time sums its phases, which may be read a
-poll before the step's own row, so the phase time of steps whose row has not come yet is kept
-(``pending``). A rank whose clock parameters change (the drift written at exit) or that has GPU
-kernels (their figures need every kernel) is summarized from its folder again instead.
+thing does not append: a step's compute and data time sums its phases (less the synchronous
+collectives inside them), which may be read a poll before the step's own row, so the phases
+and synchronous collectives of steps whose row has not come yet are kept (``pending``). A rank
+whose clock parameters change (the drift written at exit) or that has GPU kernels (their
+figures need every kernel) is summarized from its folder again instead.
 """
 
 from __future__ import annotations
@@ -14,16 +15,17 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from dtprof.analysis.columns import rows, values
 from dtprof.analysis.summarize import (
-    COMPUTE_PHASES,
+    PHASE_COLUMNS,
     RankSummary,
     RunSummary,
     combine,
+    phase_kinds,
+    step_times,
     summarize_frames,
 )
 from dtprof.trace.follow import read_rank
@@ -34,9 +36,28 @@ from dtprof.trace.schema import TABLES
 # the tables that grow with the run, one row per record: sliced out of the combined run
 ROW_FRAMES = ("steps", "phases", "actions", "collectives", "scalars", "fingerprints", "memory")
 NVML_PREFIX = "gpu_"  # the samples the summary leaves out (it keeps the memory readings)
-PHASE_TIME = pa.schema(
-    [("step", pa.int64()), ("compute_ns", pa.float64()), ("data_ns", pa.float64())]
-)
+SYNC_COLUMNS = ["rank", "step", "start_ns", "end_ns", "async_op"]  # of step_times' collectives
+
+
+@dataclass(frozen=True)
+class Pending:
+    """The rows of a rank's steps that have no step row yet: what their times are made of."""
+
+    phases: pa.Table  # PHASE_COLUMNS, aligned
+    sync: pa.Table  # SYNC_COLUMNS of the synchronous collectives, aligned
+
+    def add(self, other: Pending) -> Pending:
+        return Pending(
+            pa.concat_tables([self.phases, other.phases]),
+            pa.concat_tables([self.sync, other.sync]),
+        )
+
+    def after(self, step: int) -> Pending:
+        """The rows of the steps after ``step``."""
+        return Pending(
+            rows(self.phases, values(self.phases, "step") > step),
+            rows(self.sync, values(self.sync, "step") > step),
+        )
 
 
 @dataclass(frozen=True)
@@ -44,7 +65,7 @@ class GrowingRank:
     """One rank as the dashboard keeps it: its summary, grown poll by poll."""
 
     summary: RankSummary
-    pending: pa.Table  # step, compute_ns, data_ns: phase time of steps with no row yet
+    pending: Pending  # the phases and synchronous collectives of steps with no row yet
     samples: pa.Table  # the samples rows as read (the Memory & GPU page draws them all)
     version: int = 0  # counts the polls that changed this rank (keys the row cache)
 
@@ -68,7 +89,7 @@ def build(
     summary = summarize_frames(meta, tables, inflight)
     return GrowingRank(
         summary=summary,
-        pending=_phase_time(rank, meta, tables, after=_last_step(summary.steps)),
+        pending=_pending(rank, meta, tables).after(_last_step(summary.steps)),
         samples=_nvml(tables),
     )
 
@@ -83,15 +104,11 @@ def extend(
     unchanged)."""
     rank = growing.summary.rank
     part = summarize_frames(meta, tables, inflight or [])
-    sums = _per_step(pa.concat_tables([growing.pending, _phase_time(rank, meta, tables, after=-1)]))
+    held = growing.pending.add(_pending(rank, meta, tables))
+    computing, loading = phase_kinds(held.phases)
+    compute, data = step_times(held.phases, computing, loading, held.sync, part.steps)
     steps = part.steps
-    keys, step = values(sums, "step"), values(steps, "step")
-    at = np.searchsorted(keys, step)
-    found = at < len(keys)
-    found[found] = keys[at[found]] == step[found]
-    for name in ("compute_ns", "data_ns"):
-        ns = np.full(steps.num_rows, np.nan)
-        ns[found] = values(sums, name)[at[found]]
+    for name, ns in (("compute_ns", compute), ("data_ns", data)):
         steps = steps.set_column(steps.schema.get_field_index(name), name, pa.array(ns))
     last = max(_last_step(growing.summary.steps), _last_step(steps))
     # the tables' types are fixed (an empty one has the columns and types of a full one), so
@@ -103,7 +120,7 @@ def extend(
         inflight=part.inflight if inflight is not None else growing.summary.inflight,
         gpu=growing.summary.gpu,
     )
-    pending = rows(sums, values(sums, "step") > last)
+    pending = held.after(last)
     nvml = _nvml(tables)
     samples = pa.concat_tables([growing.samples, nvml]) if nvml.num_rows else growing.samples
     return GrowingRank(summary, pending, samples, growing.version + 1)
@@ -148,29 +165,14 @@ def _nvml(tables: dict[str, pa.Table]) -> pa.Table:
     return samples.filter(pc.starts_with(samples.column("metric"), NVML_PREFIX))
 
 
-def _phase_time(rank: int, meta: RankMeta, tables: dict[str, pa.Table], after: int) -> pa.Table:
-    """step, compute_ns, data_ns of each phase of the steps > after (aligned, as the summary
-    counts them; null in the column of the other kind, and where the phase never ended)."""
-    spans = tables.get("spans")
-    if spans is None or not spans.num_rows:
-        return PHASE_TIME.empty_table()
-    keep = pc.and_(pc.greater(spans.column("step"), after), pc.equal(spans.column("kind"), "phase"))
-    phases = rank_table(TABLES["spans"], [(rank, spans.filter(keep))], {rank: clock_params(meta)})
-    length = pc.subtract(phases.column("end_ns"), phases.column("start_ns"))
-    ns = pc.cast(length, pa.float64(), safe=False)
-    compute = pc.is_in(phases.column("name"), pa.array(COMPUTE_PHASES))
-    data = pc.equal(phases.column("name"), "data")
-    none = pa.scalar(None, pa.float64())
-    out = pa.table(
-        [phases.column("step"), pc.if_else(compute, ns, none), pc.if_else(data, ns, none)],
-        schema=PHASE_TIME,
+def _pending(rank: int, meta: RankMeta, tables: dict[str, pa.Table]) -> Pending:
+    """A poll's phases and synchronous collectives, aligned as the summary aligns them."""
+    params = {rank: clock_params(meta)}
+    spans = tables.get("spans", TABLES["spans"].empty)
+    spans = spans.filter(pc.equal(spans.column("kind"), "phase"))
+    collectives = tables.get("collectives", TABLES["collectives"].empty)
+    collectives = collectives.filter(pc.equal(collectives.column("async_op"), False))
+    return Pending(
+        rank_table(TABLES["spans"], [(rank, spans)], params).select(PHASE_COLUMNS),
+        rank_table(TABLES["collectives"], [(rank, collectives)], params).select(SYNC_COLUMNS),
     )
-    return out.filter(pc.or_(compute, data))
-
-
-def _per_step(phase_time: pa.Table) -> pa.Table:
-    """step, compute_ns, data_ns summed per step, in step order (null: no phase of that kind,
-    as Arrow's sum skips nulls and gives null for none)."""
-    sums = phase_time.group_by("step").aggregate([("compute_ns", "sum"), ("data_ns", "sum")])
-    sums = sums.select(["step", "compute_ns_sum", "data_ns_sum"]).rename_columns(PHASE_TIME.names)
-    return sums.sort_by("step")

@@ -136,16 +136,11 @@ def summarize_frames(meta: RankMeta, folder: Tables, inflight_ops: list[Inflight
     else:
         if gpu_phases is not None:
             phases = pa.concat_tables([phases, gpu_phases.select(PHASE_COLUMNS)])
-        name = phases.column("name")
-        computing = pc.is_in(name, pa.array(COMPUTE_PHASES)).to_numpy(zero_copy_only=False)
-        loading = pc.equal(name, "data").to_numpy(zero_copy_only=False)
-        computing, loading = np.asarray(computing, bool), np.asarray(loading, bool)
+        computing, loading = phase_kinds(phases)
     collectives = _rank_rows(folder, "collectives", rank, params, [*COLLECTIVE_COLUMNS, "async_op"])
-    compute = _per_step(phases, steps, computing) - _blocked(
-        rows(phases, computing), collectives, steps
-    )
+    compute, data = step_times(phases, computing, loading, collectives, steps)
     steps = steps.append_column("compute_ns", pa.array(compute))
-    steps = steps.append_column("data_ns", pa.array(_per_step(phases, steps, loading)))
+    steps = steps.append_column("data_ns", pa.array(data))
     collectives = collectives.drop_columns(["async_op"])
     for col in TEXT_CODED:
         i = collectives.schema.get_field_index(col)
@@ -212,6 +207,28 @@ def _last_span(spans: pa.Table, gpu_phases: pa.Table | None) -> pa.Table:
             return gpu_phases.select(LAST_SPAN_COLUMNS).slice(gpu_phases.num_rows - 1, 1)
     last = len(end) - 1 - int(np.argmax(end[::-1])) if len(end) else 0
     return spans.slice(last, 1)
+
+
+def phase_kinds(phases: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+    """Masks of the compute phases and of the data phases among a rank's phase rows."""
+    name = phases.column("name")
+    computing = pc.is_in(name, pa.array(COMPUTE_PHASES)).to_numpy(zero_copy_only=False)
+    loading = pc.equal(name, "data").to_numpy(zero_copy_only=False)
+    return np.asarray(computing, bool), np.asarray(loading, bool)
+
+
+def step_times(
+    phases: pa.Table,
+    computing: np.ndarray,
+    loading: np.ndarray,
+    collectives: pa.Table,
+    steps: pa.Table,
+) -> tuple[np.ndarray, np.ndarray]:
+    """One rank's compute and data ns per step (the steps' rows; NaN: none of that kind):
+    compute is its compute phases less the time it sat blocked in synchronous collectives
+    inside them (``collectives`` with their ``async_op``)."""
+    blocked = _blocked(rows(phases, computing), collectives, steps)
+    return _per_step(phases, steps, computing) - blocked, _per_step(phases, steps, loading)
 
 
 def _per_step(phases: pa.Table, steps: pa.Table, mask: np.ndarray) -> np.ndarray:
