@@ -44,7 +44,7 @@ from dtprof.jobs import launch
 
 DDP = "--steps 40 --device-ms 20 --bucket-mb 0.25 --fingerprint-every 5"
 PIPELINE = "--steps 30 --device-ms 160 --microbatches 8"
-TENSOR_PARALLEL = "--steps 40 --device-ms 10 --width 384 --bucket-mb 0.25 --fingerprint-every 5"
+TENSOR_PARALLEL = "--steps 40 --device-ms 40 --width 384 --bucket-mb 0.25 --fingerprint-every 5"
 SEVERE = ("warning", "error")
 JOB_TIMEOUT_S = 240
 

@@ -25,7 +25,7 @@ from dtprof.jobs import launch
 OPTIONS = {
     "healthy-ddp": "--steps {steps} --device-ms 20 --bucket-mb 0.25",
     "fsdp2": "--steps {steps} --device-ms 20",
-    "tensor-parallel": "--steps {steps} --device-ms 10 --width 384 --bucket-mb 0.25",
+    "tensor-parallel": "--steps {steps} --device-ms 40 --width 384 --bucket-mb 0.25",
     "pipeline": "--steps {steps} --device-ms 160 --microbatches 8 --schedule 1f1b",
     "pipeline-fsdp": "--steps {steps} --device-ms 80 --microbatches 4",
 }

@@ -110,7 +110,7 @@ SAMPLES = (
         "slow-link",
         "tensor-parallel",
         4,
-        "--seed 0 --steps 40 --device-ms 10 --width 384 --bucket-mb 0.25 --fault slow-link"
+        "--seed 0 --steps 40 --device-ms 40 --width 384 --bucket-mb 0.25 --fault slow-link"
         " --culprit 2 --onset 0 --magnitude 4",
         partial(evidence.slow_link, ranks=[2, 3], slowdown=4),
     ),
