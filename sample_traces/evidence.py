@@ -255,7 +255,7 @@ def slow_link(trace: Trace, ranks: list[int], slowdown: float) -> str:
     other; every rank's forward and backward, less that waiting, alike."""
     groups = trace.groups.drop_duplicates("group")
     tp = groups[groups["ranks"].map(lambda r: len(r) == 2 and r[1] - r[0] == 1)]
-    slow = tp[tp["ranks"].map(list) == ranks]["group"]
+    slow = tp[tp["ranks"].map(lambda r: list(r) == ranks)]["group"]
     _need(len(tp) == 2 and len(slow) == 1, f"tensor-parallel groups: {tp.to_dict('records')}")
     coll = _after_warmup(trace.collectives)
     coll = coll[coll["group"].isin(tp["group"]) & ~coll["async_op"]]
