@@ -10,11 +10,16 @@ import pyarrow as pa
 from dtprof.analysis.columns import is_null, rows, values
 
 
+def ended(table: pa.Table) -> pa.Table:
+    """The rows with an end (a rank stopped inside a span leaves its end null)."""
+    return rows(table, ~is_null(table, "end_ns"))
+
+
 def merged_compute(compute: pa.Table) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """Per rank, its compute spans merged into sorted disjoint [start, end), with the compute
     time before each one (prefix sums): what compute_before needs. Spans that never ended are
     left out."""
-    compute = rows(compute, ~is_null(compute, "end_ns"))
+    compute = ended(compute)
     ranks = values(compute, "rank")
     starts, ends = values(compute, "start_ns", np.int64), values(compute, "end_ns", np.int64)
     step = np.diff(ranks)

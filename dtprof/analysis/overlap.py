@@ -13,8 +13,8 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from dtprof.analysis.columns import is_null, rows, values
-from dtprof.analysis.intervals import compute_before, merged_compute
+from dtprof.analysis.columns import values
+from dtprof.analysis.intervals import compute_before, ended, merged_compute
 from dtprof.analysis.matching import GroupMatrix
 from dtprof.analysis.summarize import RunSummary
 
@@ -85,16 +85,11 @@ def transfer_intervals(run: RunSummary, first_step: int) -> dict[int, list[np.nd
 def _spans_by_rank(table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
     """A table's ranks, sorted, and its [start_ns, end_ns] as a (2, n) array in their order
     (each rank's rows in the table's order); rows that never ended left out."""
-    table = _ended(table)
+    table = ended(table)
     ranks = values(table, "rank")
     order = np.argsort(ranks, kind="stable")
     spans = np.stack([values(table, "start_ns", np.int64), values(table, "end_ns", np.int64)])
     return ranks[order], spans[:, order]
-
-
-def _ended(table: pa.Table) -> pa.Table:
-    """The rows with an end (a rank stopped inside a span leaves its end null)."""
-    return rows(table, ~is_null(table, "end_ns"))
 
 
 def covered(comm: np.ndarray, compute: np.ndarray) -> tuple[int, int]:

@@ -234,17 +234,25 @@ def step_times(
 def _per_step(phases: pa.Table, steps: pa.Table, mask: np.ndarray) -> np.ndarray:
     """Each step's total ns in the phases of the mask; NaN for a step with none of them (or
     with one that never ended)."""
-    step = values(phases, "step")[mask]
+    # the difference in Arrow: exact integers, null where a phase never ended
+    length = pc.subtract(phases.column("end_ns"), phases.column("start_ns"))
+    ns = np.asarray(length.to_numpy(), np.float64)[mask]
+    total, seen = _sum_by_step(values(phases, "step")[mask], ns, steps)
+    return np.where(seen, total, np.nan)
+
+
+def _sum_by_step(
+    step: np.ndarray, ns: np.ndarray, steps: pa.Table
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per step (the steps' rows), the sum of ``ns`` over the rows of that ``step``, and
+    whether it had any; rows of a step not in ``steps`` (or of none) are left out."""
     keys, inverse = np.unique(values(steps, "step"), return_inverse=True)
     at = np.searchsorted(keys, step)
     known = at < len(keys)
     known[known] = keys[at[known]] == step[known]
-    # the difference in Arrow: exact integers, null where a phase never ended
-    length = pc.subtract(phases.column("end_ns"), phases.column("start_ns"))
-    ns = np.asarray(length.to_numpy(), np.float64)[mask][known]
-    total = np.bincount(at[known], weights=ns, minlength=len(keys))
+    total = np.bincount(at[known], weights=ns[known], minlength=len(keys))
     seen = np.bincount(at[known], minlength=len(keys)) > 0
-    return np.where(seen, total, np.nan)[inverse.ravel()]
+    return total[inverse.ravel()], seen[inverse.ravel()]
 
 
 def _blocked(compute: pa.Table, collectives: pa.Table, steps: pa.Table) -> np.ndarray:
@@ -262,12 +270,7 @@ def _blocked(compute: pa.Table, collectives: pa.Table, steps: pa.Table) -> np.nd
         return blocked
     start, end = values(calls, "start_ns", np.int64), values(calls, "end_ns", np.int64)
     under = compute_before(merged, end) - compute_before(merged, np.minimum(start, end))
-    keys, inverse = np.unique(values(steps, "step"), return_inverse=True)
-    step = values(calls, "step")
-    at = np.searchsorted(keys, step).clip(0, max(len(keys) - 1, 0))
-    known = (keys[at] == step) if len(keys) else np.zeros(len(step), bool)
-    per_key = np.bincount(at[known], weights=under[known].astype(np.float64), minlength=len(keys))
-    return per_key[inverse.ravel()]
+    return _sum_by_step(values(calls, "step"), under.astype(np.float64), steps)[0]
 
 
 def _groups(table: pa.Table) -> pa.Table:
