@@ -3,8 +3,10 @@
 Each call records op, group, per-group sequence number, bytes, dtype, peer, entry time and
 completion time. Synchronous calls complete when they return; async ones when their future
 completes (a ``then`` callback, no synchronization), or, for gloo p2p works that have no
-future, when ``wait()`` returns. DDP's gradient buckets are reduced by C++: ``ddp_buckets``
-records them at torch's dispatcher, or ``ddp_hook`` through a comm hook where it cannot.
+future, when ``wait()`` returns. On CUDA tensors these are host times (for NCCL, the launch);
+CUDA events at the call and at its completion give the GPU's (dtprof.record.gpu_timing).
+DDP's gradient buckets are reduced by C++: ``ddp_buckets`` records them at torch's dispatcher,
+or ``ddp_hook`` through a comm hook where it cannot.
 """
 
 from __future__ import annotations
@@ -83,6 +85,15 @@ def _nbytes(obj: Any) -> tuple[int, str | None]:
     return 0, None
 
 
+def _on_cuda(obj: Any) -> bool:
+    """Whether a payload (a tensor or a list of them) is on a CUDA device."""
+    if isinstance(obj, (list, tuple)):
+        obj = obj[0] if obj else None
+        if isinstance(obj, (list, tuple)):
+            obj = obj[0] if obj else None
+    return isinstance(obj, torch.Tensor) and obj.is_cuda
+
+
 class _Call:
     """Where one API function keeps the arguments dtprof reads."""
 
@@ -143,6 +154,7 @@ class CommRecorder:
         self._waiter: _Waiter | None = None
         self._native: Any = None  # ddp_buckets.NativeBuckets, where the native kernel records
         self._native_slots: dict[str, int] = {}  # group name -> its counter in native memory
+        self._gpu_events: dict[int, Any] = {}  # token -> the CUDA event where the call began
 
     # -- installation
 
@@ -284,7 +296,8 @@ class CommRecorder:
         start = now_ns()
         group = _arg(args, kwargs, "group", call.group_idx)
         gname = self.group_name(group)
-        nbytes, dtype = _nbytes(_arg(args, kwargs, call.payload, call.payload_idx))
+        payload = _arg(args, kwargs, call.payload, call.payload_idx)
+        nbytes, dtype = _nbytes(payload)
         async_op = call.op in ("isend", "irecv") or bool(
             _arg(args, kwargs, "async_op", call.async_idx)
         )
@@ -323,6 +336,9 @@ class CommRecorder:
             async_op,
             label,
         )
+        timer = self.prof.gpu_timer
+        if timer is not None and _on_cuda(payload):
+            self._gpu_events[token] = timer.mark()
         return token
 
     def _exit(self, token: int, call: _Call, result: Any) -> Any:
@@ -361,6 +377,21 @@ class CommRecorder:
         if error:
             label = f"{label};error" if label else "error"
         self.out.append((*record[:7], record[7], end, record[8], label))
+        if self._gpu_events:
+            self._gpu_end(token, record, end, error)
+
+    def _gpu_end(self, token: int, record: tuple[Any, ...], end: int, error: bool) -> None:
+        """The GPU end of a CUDA operation: an event on the current stream, which waits for the
+        operation (a synchronous call has returned, or its future's callback runs)."""
+        event = self._gpu_events.pop(token, None)
+        timer = self.prof.gpu_timer
+        if event is None or timer is None:
+            return
+        if error:
+            timer.release(event)
+            return
+        step, gname, seq, op = record[:4]
+        timer.pair(event, (step, op, "collective", gname, seq), record[7], end)
 
     def launched(
         self, group: Any, tensors: list[torch.Tensor], start: int, label: str, work: Any
@@ -376,7 +407,12 @@ class CommRecorder:
         self.inflight[token] = (
             self.prof.step_index, gname, seq, "all_reduce", nbytes, dtype, None, start, True, label
         )  # fmt: skip
-        if not tensors[0].is_cuda:
+        if tensors[0].is_cuda:
+            timer = self.prof.gpu_timer
+            if timer is not None:  # the current stream, just after the launch made the
+                # communication wait for it: where the bucket's gradients are ready
+                self._gpu_events[token] = timer.mark()
+        else:
             waiter = self._waiter
             if waiter is None:
                 waiter = self._waiter = _Waiter(self)

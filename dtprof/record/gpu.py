@@ -1,7 +1,11 @@
-"""NVML sampler: utilization, memory, power, SM clock and temperature of this rank's GPU.
+"""NVML sampler: utilization, memory, power, SM clock, temperature and the reasons the clocks
+are held down, of this rank's GPU; on Hopper and later, where the driver offers them, the GPU
+performance metrics (GPM): SM activity, tensor-core activity and DRAM bandwidth, each the
+average over the interval since the last sample.
 
-Runs on the writer thread at ``interval_s``. Where there is no GPU or no NVML the sampler is
-off and the rank's metadata says why.
+Runs on the writer thread at ``interval_s``. Where there is no GPU, no NVML or no GPM, that part
+is off and the rank's metadata says why (``nvml``, ``gpm``). A reading the device refuses is
+not asked for again.
 """
 
 from __future__ import annotations
@@ -9,11 +13,11 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from dtprof.trace.meta import Nvml
+from dtprof.trace.meta import Gpm, Nvml
 
 if TYPE_CHECKING:
     from dtprof.record.profiler import Profiler
@@ -37,12 +41,19 @@ class NvmlSampler:
         self.interval_ns = int(interval_s * 1e9)
         self._next_ns = 0
         self._readers: dict[str, Callable[[], float]] = {}
+        self._gpm: GpmSampler | None = None
         self.status = Nvml(available=False)
+        self.gpm_status: Gpm | None = None
         if interval_s <= 0:
             self.status = Nvml(available=False, reason="off (gpu_sample_interval_s <= 0)")
             return
         if not torch.cuda.is_available():
             self.status = Nvml(available=False, reason="no CUDA device in this process")
+            return
+        if not torch.cuda.is_initialized():
+            # NVML would not create a CUDA context, but current_device() would: a CPU job on a
+            # GPU machine keeps none
+            self.status = Nvml(available=False, reason="the job does not use CUDA")
             return
         try:
             import pynvml
@@ -63,7 +74,14 @@ class NvmlSampler:
             "gpu_temperature_c": lambda: pynvml.nvmlDeviceGetTemperature(
                 handle, pynvml.NVML_TEMPERATURE_GPU
             ),
+            # a bit mask of NVML's clocks event reasons (dtprof.trace.nvml)
+            "gpu_clock_reasons": lambda: _clock_reasons(pynvml, handle),
         }
+        try:
+            self._gpm = GpmSampler(pynvml, handle)
+            self.gpm_status = Gpm(available=True)
+        except Exception as exc:  # an older GPU or driver, a virtual machine, an old pynvml
+            self.gpm_status = Gpm(available=False, reason=f"unavailable: {exc}".splitlines()[0])
         self.status = Nvml(
             available=True,
             device_index=index,
@@ -85,3 +103,59 @@ class NvmlSampler:
                 del self._readers[metric]  # not supported on this device: stop asking
                 continue
             self.prof.samples.append((step, t, metric, value))
+        if self._gpm is not None:
+            try:
+                for metric, value in self._gpm.read():
+                    self.prof.samples.append((step, t, metric, value))
+            except Exception as exc:
+                self._gpm = None
+                self.gpm_status = Gpm(available=False, reason=f"stopped: {exc}".splitlines()[0])
+                self.prof.note_meta(gpm=self.gpm_status)
+
+
+def _clock_reasons(pynvml: Any, handle: Any) -> int:
+    read = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+    if read is None:  # nvidia-ml-py before 12.535
+        read = pynvml.nvmlDeviceGetCurrentClocksThrottleReasons
+    return int(read(handle))
+
+
+# GPM metric -> samples metric (percentages of the interval, averaged over the device)
+GPM_METRICS = {
+    "NVML_GPM_METRIC_SM_UTIL": "gpm_sm_activity_pct",
+    "NVML_GPM_METRIC_ANY_TENSOR_UTIL": "gpm_tensor_activity_pct",
+    "NVML_GPM_METRIC_DRAM_BW_UTIL": "gpm_dram_bw_pct",
+}
+
+
+class GpmSampler:
+    """NVML's GPU performance metrics, computed between two samples of the device's counters:
+    each read() takes a new sample and returns the metrics since the one before."""
+
+    def __init__(self, pynvml: Any, handle: Any) -> None:
+        if not pynvml.nvmlGpmQueryDeviceSupport(handle).isSupportedDevice:
+            raise RuntimeError("this device has no GPU performance metrics")
+        self._nvml = pynvml
+        self._handle = handle
+        self._ids = [(getattr(pynvml, name), metric) for name, metric in GPM_METRICS.items()]
+        self._before = pynvml.nvmlGpmSampleAlloc()
+        self._after = pynvml.nvmlGpmSampleAlloc()
+        pynvml.nvmlGpmSampleGet(handle, self._before)
+
+    def read(self) -> list[tuple[str, float]]:
+        nvml = self._nvml
+        nvml.nvmlGpmSampleGet(self._handle, self._after)
+        query = nvml.c_nvmlGpmMetricsGet_t()
+        query.version = nvml.NVML_GPM_METRICS_GET_VERSION
+        query.numMetrics = len(self._ids)
+        query.sample1 = self._before
+        query.sample2 = self._after
+        for i, (metric_id, _) in enumerate(self._ids):
+            query.metrics[i].metricId = metric_id
+        nvml.nvmlGpmMetricsGet(query)
+        self._before, self._after = self._after, self._before
+        return [
+            (name, float(query.metrics[i].value))
+            for i, (_, name) in enumerate(self._ids)
+            if query.metrics[i].nvmlReturn == 0
+        ]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -49,10 +49,23 @@ def sample_step(prof: Profiler, step: int, ts_ns: int) -> None:
     out = prof.samples
     out.append((step, ts_ns, "rss_bytes", float(rss_bytes())))
     if torch.cuda.is_initialized():  # a flag read: CUDA figures once the job uses CUDA
-        out.append((step, ts_ns, "cuda_allocated_bytes", float(torch.cuda.memory_allocated())))
-        out.append((step, ts_ns, "cuda_reserved_bytes", float(torch.cuda.memory_reserved())))
-        # the peak since start (or the user's last reset): resetting it here would break
-        # the user's own max_memory_allocated() readings
-        out.append(
-            (step, ts_ns, "cuda_max_allocated_bytes", float(torch.cuda.max_memory_allocated()))
-        )
+        # one reading of the caching allocator's counters, as nested dicts (memory_stats(),
+        # which memory_allocated() and the others each call, flattens them all first). The
+        # peak is since start or the user's last reset: resetting it here would break the
+        # user's own max_memory_allocated() readings.
+        stats = torch.cuda.memory_stats_as_nested_dict()
+        for metric, path in CUDA_STATS:
+            value: Any = stats
+            for key in path:
+                value = value.get(key, 0) if isinstance(value, dict) else 0
+            out.append((step, ts_ns, metric, float(value)))
+
+
+# samples metric -> where it is in the caching allocator's nested statistics
+CUDA_STATS = (
+    ("cuda_allocated_bytes", ("allocated_bytes", "all", "current")),
+    ("cuda_reserved_bytes", ("reserved_bytes", "all", "current")),
+    ("cuda_max_allocated_bytes", ("allocated_bytes", "all", "peak")),
+    ("cuda_alloc_retries", ("num_alloc_retries",)),  # cudaMalloc failed, cache freed, retried
+    ("cuda_ooms", ("num_ooms",)),  # out-of-memory errors the allocator raised
+)

@@ -6,6 +6,9 @@ of the autograd pass (a callback queued on the autograd engine), before DDP wait
 bucket. optimizer: its step pre- and post-hooks, or from where the step's closure returned
 (Lightning, LBFGS: the closure runs forward and backward inside the step). data: from the end
 of a step to the next forward.
+
+On a CUDA job the same moments also record CUDA events (dtprof.record.gpu_timing): forward,
+backward and optimizer get their GPU execution times too. Data has none: it is the host's wait.
 """
 
 from __future__ import annotations
@@ -47,6 +50,9 @@ class PhaseHooks:
         self._fwd_start = 0
         self._bwd_start: int | None = None
         self._opt_start = 0
+        self._fwd_event: Any = None  # the CUDA events where the open phases began
+        self._bwd_event: Any = None
+        self._opt_event: Any = None
         self._handles: list[Any] = []
         self.ddp_buckets = False
         self.work = StepWork(prof)  # the samples, tokens and FLOPs the forward passes see
@@ -69,7 +75,11 @@ class PhaseHooks:
         if self.prof.ddp_buckets != "comm_hook":
             from dtprof.record import native as native_kernel
 
-            native, why_not = native_kernel.load()
+            if self.prof.gpu_timer is not None and any(p.is_cuda for p in model.parameters()):
+                # the Python kernel times each bucket on the GPU too; the native one cannot
+                native, why_not = None, "not used: CUDA buckets are timed with CUDA events"
+            else:
+                native, why_not = native_kernel.load()
             if why_not:
                 self.prof.note_meta(ddp_buckets_native=why_not)
             try:
@@ -106,14 +116,16 @@ class PhaseHooks:
 
     def _forward_pre(self, module: Any, args: Any, kwargs: Any) -> None:
         t = now_ns()
+        prof = self.prof
         try:
             if self.data_from_ns is not None:
-                prof = self.prof
                 self.spans.append(
                     (prof.step_index, "data", "phase", self.data_from_ns, t, 0, None, None)
                 )
                 self.data_from_ns = None
             self._fwd_start = t
+            if prof.gpu_timer is not None:
+                self._fwd_event = prof.gpu_timer.mark()
             self.work.forward_begins(module, args, kwargs)
         except Exception as exc:
             self.prof.hook_failed("phases", exc)
@@ -123,9 +135,13 @@ class PhaseHooks:
         try:
             if self.work.counter is not None:
                 self.work.forward_ends()
-            self.spans.append(
-                (self.prof.step_index, "forward", "phase", self._fwd_start, t, 0, None, None)
-            )
+            step = self.prof.step_index
+            self.spans.append((step, "forward", "phase", self._fwd_start, t, 0, None, None))
+            timer = self.prof.gpu_timer
+            if timer is not None:
+                head = (step, "forward", "phase", None, None)
+                timer.pair(self._fwd_event, head, self._fwd_start, t)
+                self._fwd_event = None
             if torch.is_grad_enabled():
                 # a hook on the node that makes each output: called as its gradient arrives
                 leaves = (output,) if isinstance(output, torch.Tensor) else tree_leaves(output)
@@ -143,6 +159,9 @@ class PhaseHooks:
         try:
             if self._bwd_start is None:
                 self._bwd_start = now_ns()
+                timer = self.prof.gpu_timer
+                if timer is not None:
+                    self._bwd_event = timer.mark()
                 torch.autograd.Variable._execution_engine.queue_callback(self._backward_ends)
         except Exception as exc:
             self.prof.hook_failed("phases", exc)
@@ -152,15 +171,19 @@ class PhaseHooks:
         try:
             start, self._bwd_start = self._bwd_start, None
             if start is not None:
-                self.spans.append(
-                    (self.prof.step_index, "backward", "phase", start, t, 0, None, None)
-                )
+                step = self.prof.step_index
+                self.spans.append((step, "backward", "phase", start, t, 0, None, None))
+                timer = self.prof.gpu_timer
+                if timer is not None:
+                    timer.pair(self._bwd_event, (step, "backward", "phase", None, None), start, t)
+                    self._bwd_event = None
         except Exception as exc:
             self.prof.hook_failed("phases", exc)
 
     def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> Any:
         self._opt_start = now_ns()
         try:
+            self._mark_optimizer()
             return self._time_closure(args, kwargs)
         except Exception as exc:
             self.prof.hook_failed("phases", exc)
@@ -180,16 +203,27 @@ class PhaseHooks:
                 return closure()
             finally:
                 self._opt_start = now_ns()
+                self._mark_optimizer()
 
         if by_name:
             return args, {**kwargs, "closure": timed_closure}
         return (timed_closure, *args[1:]), kwargs
 
+    def _mark_optimizer(self) -> None:
+        timer = self.prof.gpu_timer
+        if timer is not None:
+            timer.release(self._opt_event)
+            self._opt_event = timer.mark()
+
     def _optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         t = now_ns()
         try:
-            self.spans.append(
-                (self.prof.step_index, "optimizer", "phase", self._opt_start, t, 0, None, None)
-            )
+            step = self.prof.step_index
+            self.spans.append((step, "optimizer", "phase", self._opt_start, t, 0, None, None))
+            timer = self.prof.gpu_timer
+            if timer is not None:
+                head = (step, "optimizer", "phase", None, None)
+                timer.pair(self._opt_event, head, self._opt_start, t)
+                self._opt_event = None
         except Exception as exc:
             self.prof.hook_failed("phases", exc)

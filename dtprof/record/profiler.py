@@ -20,9 +20,20 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dtprof.record import clock, comms, fingerprint, gpu, memory, phases, pipeline, watchdog
+from dtprof.record import (
+    clock,
+    comms,
+    fingerprint,
+    gpu,
+    gpu_timing,
+    memory,
+    phases,
+    pipeline,
+    watchdog,
+)
+from dtprof.record.gpu_timing import GpuTimer
 from dtprof.record.writer import DtprofWarning, TraceWriter, write_json_atomic
-from dtprof.trace.meta import Config, ExceptionDetail, RankMeta, encode, replace
+from dtprof.trace.meta import Config, ExceptionDetail, GpuTiming, RankMeta, encode, replace
 from dtprof.trace.schema import INFLIGHT_FILE, META_FILE, SCHEMA_VERSION, rank_dir_name
 
 now_ns = time.perf_counter_ns
@@ -40,6 +51,7 @@ def profile(
     ddp_buckets: bool | str = True,
     enabled: bool = True,
     gpu_sample_interval_s: float = 1.0,
+    gpu_timing: bool = True,
     flush_interval_s: float = 0.5,
     seal_interval_s: float = 300.0,
     clock_sync: bool = True,
@@ -55,6 +67,9 @@ def profile(
     or, where that cannot be registered or with ``ddp_buckets="comm_hook"``, through a comm hook
     that keeps DDP's arithmetic to the bit (it stays on the model, and on CPU/gloo it costs a pass
     over the gradients that DDP otherwise fuses into its copy); ``False`` records none.
+    On a CUDA job, ``gpu_timing`` also times phases, regions and collectives on the GPU with CUDA
+    events (read back by the writer thread, never with a synchronization); NVML is sampled every
+    ``gpu_sample_interval_s`` (0: off).
     Buffers reach the disk every ``flush_interval_s``;
     the open segment of each table becomes a Parquet part every ``seal_interval_s`` and at exit.
     ``enabled=False`` or the environment variable ``DTPROF_DISABLE=1`` makes every call a no-op.
@@ -72,6 +87,7 @@ def profile(
         hang_timeout_s=hang_timeout_s,
         ddp_buckets=ddp_buckets,
         gpu_sample_interval_s=gpu_sample_interval_s,
+        gpu_timing=gpu_timing,
         flush_interval_s=flush_interval_s,
         seal_interval_s=seal_interval_s,
         clock_sync=clock_sync,
@@ -110,7 +126,7 @@ class NullProfiler:
 class _Region:
     """A user region: a span that closes even when its block raises."""
 
-    __slots__ = ("_depth", "_name", "_prof", "_start")
+    __slots__ = ("_depth", "_event", "_name", "_prof", "_start")
 
     def __init__(self, prof: Profiler, name: str) -> None:
         self._prof = prof
@@ -120,15 +136,19 @@ class _Region:
         prof = self._prof
         self._depth = prof._region_depth
         prof._region_depth += 1
+        timer = prof.gpu_timer
+        self._event = timer.mark() if timer is not None else None
         self._start = now_ns()
 
     def __exit__(self, *exc: object) -> None:
         end = now_ns()
         prof = self._prof
         prof._region_depth -= 1
-        prof.spans.append(
-            (prof.step_index, self._name, "region", self._start, end, self._depth, None, None)
-        )
+        step = prof.step_index
+        prof.spans.append((step, self._name, "region", self._start, end, self._depth, None, None))
+        timer = prof.gpu_timer
+        if timer is not None:
+            timer.pair(self._event, (step, self._name, "region", None, None), self._start, end)
 
 
 class Profiler:
@@ -145,6 +165,7 @@ class Profiler:
         hang_timeout_s: float | None,
         ddp_buckets: bool | str,
         gpu_sample_interval_s: float,
+        gpu_timing: bool,
         flush_interval_s: float,
         seal_interval_s: float,
         clock_sync: bool,
@@ -157,6 +178,8 @@ class Profiler:
         self.hang_timeout_s = hang_timeout_s
         self.ddp_buckets = ddp_buckets
         self.gpu_sample_interval_s = gpu_sample_interval_s
+        self.gpu_timing = gpu_timing
+        self.gpu_timer: GpuTimer | None = None  # on a CUDA job: CUDA-event timing
         self.flush_interval_s = flush_interval_s
         self.seal_interval_s = seal_interval_s
         self.clock_sync = clock_sync
@@ -211,6 +234,7 @@ class Profiler:
         self.samples, self.events = buffers["samples"], buffers["events"]
         self.fingerprints, self.collectives = buffers["fingerprints"], buffers["collectives"]
         self.groups = buffers["groups"]
+        self.gpu_spans = buffers["gpu_spans"]
 
         self.meta = RankMeta(
             schema_version=SCHEMA_VERSION,
@@ -232,6 +256,7 @@ class Profiler:
                 hang_timeout_s=self.hang_timeout_s,
                 ddp_buckets=self.ddp_buckets,
                 gpu_sample_interval_s=self.gpu_sample_interval_s,
+                gpu_timing=self.gpu_timing,
                 flush_interval_s=self.flush_interval_s,
                 seal_interval_s=self.seal_interval_s,
             ),
@@ -241,9 +266,10 @@ class Profiler:
 
         self.comms = comms.install(self)
         self._removers["collectives"] = [self.comms.uninstall]
+        self._start_gpu_timer(self.model)
         self._attach(self.model, self.optimizer, self.pipeline)
         self.gpu = gpu.NvmlSampler(self, self.gpu_sample_interval_s)
-        self.note_meta(nvml=self.gpu.status)
+        self.note_meta(nvml=self.gpu.status, gpm=self.gpu.gpm_status)
         self.watchdog = watchdog.Watchdog(self, self.hang_timeout_s)
         self.writer.add_tick_hook(self._tick)
         self.write_meta()
@@ -308,7 +334,32 @@ class Profiler:
         else:
             self.write_meta()
 
+    def _start_gpu_timer(self, model: Any) -> None:
+        """CUDA-event timing, where the job runs on CUDA (or why not, in meta.json)."""
+        if self.gpu_timer is not None or "gpu-timing" in self._switched_off:
+            return
+        why_not = gpu_timing.wanted(self, model)
+        if why_not is None:
+            try:
+                self.gpu_timer = GpuTimer(self)
+            except Exception as exc:
+                why_not = f"unavailable: {exc}".splitlines()[0]
+        if why_not is not None:
+            self.note_meta(gpu_timing=GpuTiming(available=False, reason=why_not))
+            return
+        self._removers["gpu-timing"] = [self._stop_gpu_timer]
+
+    def _stop_gpu_timer(self) -> None:
+        timer, self.gpu_timer = self.gpu_timer, None
+        if timer is not None:
+            try:
+                timer.close()
+            finally:
+                self.note_meta(gpu_timing=timer.status())
+
     def _attach(self, model: Any, optimizer: Any, schedule: Any) -> None:
+        if model is not None and self.active:  # given by attach(): it may be on CUDA
+            self._start_gpu_timer(model)
         if model is not None:
             self.model = model
             self.note_meta(model_kind=phases.model_kind(model))
@@ -423,6 +474,8 @@ class Profiler:
             return
         try:
             self.comms.sync_native()
+            if self.gpu_timer is not None:
+                self._drain_gpu_timer()
             self._resolve_pending_scalars()
             self.gpu.maybe_sample()
             self.watchdog.check()
@@ -432,6 +485,15 @@ class Profiler:
                 self._last_inflight = snapshot
         except Exception as exc:
             self.hook_failed("writer-tick", exc)
+
+    def _drain_gpu_timer(self) -> None:
+        timer = self.gpu_timer
+        if timer is None:
+            return
+        try:
+            timer.drain()
+        except Exception as exc:
+            self.hook_failed("gpu-timing", exc)
 
     def _resolve_pending_scalars(self) -> None:
         while self._pending_scalars:

@@ -60,6 +60,7 @@ class Config(msgspec.Struct, frozen=True):
     hang_timeout_s: float | None = None
     ddp_buckets: bool | str | None = None
     gpu_sample_interval_s: float | None = None
+    gpu_timing: bool | None = None
     flush_interval_s: float | None = None
     seal_interval_s: float | None = None
 
@@ -95,6 +96,24 @@ class Nvml(msgspec.Struct, frozen=True, omit_defaults=True):
     device_index: Int64 | None = None
     name: str | None = None
     reason: str | None = None
+
+
+class Gpm(msgspec.Struct, frozen=True, omit_defaults=True):
+    """Whether NVML's GPU performance metrics (Hopper and later) are sampled, or why not."""
+
+    available: bool
+    reason: str | None = None
+
+
+class GpuTiming(msgspec.Struct, frozen=True, omit_defaults=True):
+    """Whether phases, regions and collectives are timed with CUDA events, or why not, and how
+    it went (dtprof.record.gpu_timing)."""
+
+    available: bool
+    reason: str | None = None
+    timed: Count = 0  # pairs of events read back into gpu_spans
+    dropped: Count = 0  # pairs not timed because too many were waiting for the GPU
+    anchor_error_ns: Int64 = 0  # the largest error bound of the host time of an anchor
 
 
 class Imported(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -146,6 +165,8 @@ class RankMeta(msgspec.Struct, frozen=True, omit_defaults=True):
     disabled_hooks: tuple[str, ...] = ()
     clock: Clock = msgspec.field(default_factory=lambda: UNALIGNED)
     nvml: Nvml | None = None
+    gpm: Gpm | None = None
+    gpu_timing: GpuTiming | None = None
     pipeline: Pipeline | None = None
     ddp_buckets_via: str | None = None
     ddp_buckets_kernel: str | None = None

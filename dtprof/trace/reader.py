@@ -65,6 +65,7 @@ class Trace:
     inflight: pd.DataFrame
     meta: dict[int, RankMeta] = field(default_factory=dict)
     kernels: pd.DataFrame = field(default_factory=_no_frame)  # imported GPU activity
+    gpu_spans: pd.DataFrame = field(default_factory=_no_frame)  # CUDA-event times (recorded)
 
     @property
     def world_size(self) -> int:

@@ -231,9 +231,36 @@ KERNELS = Table(
     ),
 )
 
+GPU_SPANS = Table(
+    "gpu_spans",
+    "GPU execution of phases, user regions and collectives, from CUDA events (CUDA jobs only).",
+    (
+        _STEP,
+        Column("name", pa.string(), "forward, backward, optimizer, a region name, or the op"),
+        Column("kind", pa.string(), "phase, region or collective"),
+        Column("group", pa.string(), "process group name (collectives only)"),
+        Column("seq", pa.int64(), "per-group sequence number as in collectives (collectives only)"),
+        _ns("start_ns", "when the host launched its start (the spans/collectives row's start)"),
+        _ns("end_ns", "when the host launched its end"),
+        _ns("gpu_start_ns", "when the GPU reached its start on its stream"),
+        _ns("gpu_end_ns", "when the GPU reached its end"),
+    ),
+)
+
 # A table added at the end is read as empty from older traces, and older readers skip its
 # folder, so adding one keeps SCHEMA_VERSION (see docs/trace-format.md, Schema version).
 TABLES: dict[str, Table] = {
     t.name: t
-    for t in (STEPS, SPANS, COLLECTIVES, SCALARS, SAMPLES, FINGERPRINTS, GROUPS, EVENTS, KERNELS)
+    for t in (
+        STEPS,
+        SPANS,
+        COLLECTIVES,
+        SCALARS,
+        SAMPLES,
+        FINGERPRINTS,
+        GROUPS,
+        EVENTS,
+        KERNELS,
+        GPU_SPANS,
+    )
 }

@@ -1,0 +1,176 @@
+"""GPU execution times of phases, user regions and collectives, from CUDA events.
+
+On a GPU, the host's clock around a phase measures its launch: the work runs later, on the
+device. So where a job runs on CUDA, each timed interval also records a CUDA event on the
+current stream where it starts and another where it ends. The training thread never waits for
+them: the writer thread reads each pair back once both have completed (``query()``) and writes
+a ``gpu_spans`` row with the host's and the GPU's times, whose gap is the launch queue.
+
+CUDA gives only the time between two events, so GPU times are placed on the rank's monotonic
+clock through an anchor: an event the writer thread records on a stream of its own, which has
+nothing queued and so reaches it at once, and waits for there; its host time is known to within
+half that wait (the largest such bound goes into meta.json). cudaEventElapsedTime is a float32
+of milliseconds, about 1 µs precise over a few seconds, so the anchor is renewed every
+``ANCHOR_EVERY_S`` and each pair is measured from the last anchor before it.
+
+Bounded: at most ``MAX_PENDING`` pairs wait for the GPU; beyond that (the GPU has fallen far
+behind the host) new intervals are not timed on the GPU, and meta.json counts them. Events are
+kept in a pool and recorded again once read.
+
+Collectives: the start event is recorded where the call is made (the communication stream
+waits for the current stream there), the end event where the call returns for a synchronous
+one (the current stream then waits for the communication), or in the callback of its future
+(run on a stream made to wait for the operation's own end events): the GPU's transfer, not its
+launch.
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import time
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from dtprof.trace.meta import GpuTiming
+
+if TYPE_CHECKING:
+    from dtprof.record.profiler import Profiler
+
+now_ns = time.perf_counter_ns
+
+MAX_PENDING = 20_000  # pairs waiting for the GPU: ~2 s of a step with 10,000 launches
+ANCHOR_EVERY_S = 5.0
+KEEP_ANCHORS = 120  # ten minutes of anchors: a pair older than that uses the oldest
+
+
+def wanted(prof: Profiler, model: Any) -> str | None:
+    """Why GPU timing is off for this profile, or None where it is on: the job must already use
+    CUDA (a flag read, so that a CPU job on a GPU machine never creates a CUDA context), or give
+    a model with parameters on a CUDA device."""
+    if not prof.gpu_timing:
+        return "off (gpu_timing=False)"
+    if not torch.cuda.is_available():
+        return "no CUDA device in this process"
+    if torch.cuda.is_initialized():
+        return None
+    if model is not None and any(p.is_cuda for p in model.parameters()):
+        return None
+    return "the job does not use CUDA"
+
+
+class GpuTimer:
+    """CUDA-event pairs from the training threads, read back by the writer thread."""
+
+    def __init__(self, prof: Profiler) -> None:
+        self.prof = prof
+        self.out = prof.gpu_spans
+        self._free: list[torch.cuda.Event] = []
+        self._pending: collections.deque[tuple[Any, ...]] = collections.deque()
+        self._anchor_host: list[int] = []  # host ns of each anchor, ascending
+        self._anchor_event: list[torch.cuda.Event] = []
+        self._side = torch.cuda.Stream()
+        self.timed = 0
+        self.dropped = 0
+        self.anchor_error_ns = 0
+        self._anchor()
+
+    def status(self) -> GpuTiming:
+        return GpuTiming(
+            available=True,
+            timed=self.timed,
+            dropped=self.dropped,
+            anchor_error_ns=self.anchor_error_ns,
+        )
+
+    # -- on the training threads
+
+    def mark(self) -> torch.cuda.Event | None:
+        """An event recorded now on the current stream; None where too many pairs wait."""
+        if len(self._pending) >= MAX_PENDING:
+            self.dropped += 1
+            return None
+        try:
+            event = self._free.pop() if self._free else torch.cuda.Event(enable_timing=True)
+            event.record()
+        except Exception as exc:  # a CUDA error: timing goes off, training goes on
+            self.prof.hook_failed("gpu-timing", exc)
+            return None
+        return event
+
+    def pair(
+        self,
+        start: torch.cuda.Event | None,
+        head: tuple[Any, ...],
+        host_start: int,
+        host_end: int,
+    ) -> None:
+        """Close the interval that ``start`` opened with an event recorded now; ``head`` is the
+        row's (step, name, kind, group, seq)."""
+        if start is None:
+            return
+        end = self.mark()
+        if end is None:
+            self._free.append(start)
+            return
+        self._pending.append((start, end, head, host_start, host_end))
+
+    def release(self, start: torch.cuda.Event | None) -> None:
+        """An interval that will not be closed (its operation failed)."""
+        if start is not None:
+            self._free.append(start)
+
+    # -- on the writer thread
+
+    def drain(self) -> None:
+        """The pairs the GPU has passed into gpu_spans; renews the anchor when due."""
+        if now_ns() - self._anchor_host[-1] > ANCHOR_EVERY_S * 1e9:
+            self._anchor()
+        pending = self._pending
+        for _ in range(len(pending)):  # those appended meanwhile wait for the next drain
+            item = pending.popleft()
+            start, end = item[0], item[1]
+            if not (end.query() and start.query()):
+                pending.append(item)
+                continue
+            self._write(*item)
+        self.prof.note_meta(gpu_timing=self.status())
+
+    def close(self, timeout_s: float = 2.0) -> None:
+        """Drain, waiting up to ``timeout_s`` for what is still queued on the GPU (no longer: a
+        collective that never completes keeps its pair, and exit goes on)."""
+        deadline = now_ns() + int(timeout_s * 1e9)
+        self.drain()
+        while self._pending and now_ns() < deadline:
+            time.sleep(0.005)
+            self.drain()
+
+    def _write(
+        self,
+        start: torch.cuda.Event,
+        end: torch.cuda.Event,
+        head: tuple[Any, ...],
+        host_start: int,
+        host_end: int,
+    ) -> None:
+        at = max(0, bisect.bisect_right(self._anchor_host, host_start) - 1)
+        anchor, base = self._anchor_event[at], self._anchor_host[at]
+        gpu_start = base + round(anchor.elapsed_time(start) * 1e6)
+        gpu_end = base + round(anchor.elapsed_time(end) * 1e6)
+        self.out.append((*head, host_start, host_end, gpu_start, max(gpu_start, gpu_end)))
+        self._free.append(start)
+        self._free.append(end)
+        self.timed += 1
+
+    def _anchor(self) -> None:
+        event = torch.cuda.Event(enable_timing=True)
+        before = now_ns()
+        event.record(self._side)
+        event.synchronize()
+        after = now_ns()
+        self._anchor_host.append((before + after) // 2)
+        self._anchor_event.append(event)
+        self.anchor_error_ns = max(self.anchor_error_ns, (after - before + 1) // 2)
+        if len(self._anchor_host) > KEEP_ANCHORS:
+            del self._anchor_host[0], self._anchor_event[0]

@@ -1,0 +1,135 @@
+"""CUDA-event timing's logic, with stand-in events: this machine has no GPU.
+
+A stand-in event recorded on the current stream "runs" LAG_NS after the host recorded it (the
+launch queue); one recorded on the timer's own stream (an anchor) runs at once. The timer must
+turn each pair into the GPU's times on the host's clock, only once both have completed.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from dtprof.record import gpu_timing
+
+LAG_NS = 3_000_000
+
+
+class _Event:
+    def __init__(self, enable_timing: bool = False) -> None:
+        assert enable_timing
+        self.gpu_ns: int | None = None
+        self.done = False
+
+    def record(self, stream: Any = None) -> None:
+        now = gpu_timing.now_ns()
+        self.gpu_ns = now if stream is not None else now + LAG_NS
+        self.done = stream is not None  # the GPU reaches the others when the test says so
+
+    def query(self) -> bool:
+        return self.done
+
+    def synchronize(self) -> None:
+        self.done = True
+
+    def elapsed_time(self, end: _Event) -> float:
+        assert self.done and end.done and self.gpu_ns is not None and end.gpu_ns is not None
+        return (end.gpu_ns - self.gpu_ns) / 1e6
+
+
+@pytest.fixture
+def timer(monkeypatch: pytest.MonkeyPatch) -> gpu_timing.GpuTimer:
+    monkeypatch.setattr("torch.cuda.Event", _Event)
+    monkeypatch.setattr("torch.cuda.Stream", lambda: object())
+    failed: list[str] = []
+    prof = SimpleNamespace(
+        gpu_spans=deque(),
+        note_meta=lambda **kw: None,
+        hook_failed=lambda name, exc: failed.append(f"{name}: {exc}"),
+        failed=failed,
+    )
+    return gpu_timing.GpuTimer(prof)  # type: ignore[arg-type]
+
+
+def _interval(timer: gpu_timing.GpuTimer, name: str) -> tuple[_Event, _Event, int]:
+    host_start = gpu_timing.now_ns()
+    start = timer.mark()
+    timer.pair(start, (4, name, "phase", None, None), host_start, gpu_timing.now_ns())
+    return start, timer._pending[-1][1], host_start  # type: ignore[return-value]
+
+
+def test_a_pair_is_written_once_the_gpu_has_passed_both_events(timer) -> None:
+    start, end, host_start = _interval(timer, "forward")
+    timer.drain()
+    assert not timer.out  # the GPU has not got there: nothing yet, and nothing lost
+    start.done = end.done = True
+    timer.drain()
+    (row,) = timer.out
+    step, name, kind, group, seq, h_start, h_end, g_start, g_end = row
+    assert (step, name, kind, group, seq, h_start) == (
+        4,
+        "forward",
+        "phase",
+        None,
+        None,
+        host_start,
+    )
+    # the GPU's times are the host's plus the launch queue, to within the anchor's bound
+    slack = timer.anchor_error_ns + 50_000
+    assert abs(g_start - (host_start + LAG_NS)) <= slack
+    assert abs(g_end - (h_end + LAG_NS)) <= slack
+    assert timer.status().timed == 1 and not timer._pending
+
+
+def test_pairs_complete_out_of_order_and_none_is_lost(timer) -> None:
+    first = _interval(timer, "a")
+    second = _interval(timer, "b")
+    second[0].done = second[1].done = True  # a later stream finished first
+    timer.drain()
+    assert [r[1] for r in timer.out] == ["b"]
+    first[0].done = first[1].done = True
+    timer.drain()
+    assert [r[1] for r in timer.out] == ["b", "a"]
+
+
+def test_too_many_waiting_pairs_are_dropped_and_counted(timer, monkeypatch) -> None:
+    monkeypatch.setattr(gpu_timing, "MAX_PENDING", 2)
+    for name in ("a", "b", "c"):
+        _interval(timer, name)
+    assert len(timer._pending) == 2  # the third's end could not be had: not timed
+    assert timer.mark() is None
+    assert timer.status().dropped == 2
+
+
+def test_each_pair_is_measured_from_the_last_anchor_before_it(timer, monkeypatch) -> None:
+    monkeypatch.setattr(gpu_timing, "ANCHOR_EVERY_S", 0.0)  # a new anchor at every drain
+    start, end, host_start = _interval(timer, "a")
+    timer.drain()
+    timer.drain()
+    assert len(timer._anchor_host) == 3
+    start.done = end.done = True
+    timer.drain()
+    (row,) = timer.out
+    assert abs(row[7] - (host_start + LAG_NS)) <= timer.anchor_error_ns + 50_000
+
+
+def test_a_cuda_error_switches_timing_off_not_training(timer, monkeypatch) -> None:
+    def broken(self: _Event, stream: Any = None) -> None:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(_Event, "record", broken)
+    timer._free.clear()
+    assert timer.mark() is None
+    assert timer.prof.failed == [  # type: ignore[attr-defined]
+        "gpu-timing: CUDA error: an illegal memory access was encountered"
+    ]
+
+
+def test_close_waits_a_bounded_time_for_what_never_completes(timer) -> None:
+    _interval(timer, "hung")
+    t0 = gpu_timing.now_ns()
+    timer.close(timeout_s=0.05)
+    assert (gpu_timing.now_ns() - t0) / 1e9 < 1.0 and not timer.out
