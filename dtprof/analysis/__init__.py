@@ -197,7 +197,22 @@ def _summary(
         out.update(bandwidth_summary(run.matched, run.collectives, link_gbps))
     if run.gpu.num_rows:
         out.update(gpu_summary(run.gpu))
+    if run.gpu_timing.num_rows:
+        out["gpu_timing"] = {
+            "rows": [
+                {k: _round(v) if isinstance(v, float) else v for k, v in row.items()}
+                for row in run.gpu_timing.to_pylist()
+            ],
+            "definitions": GPU_TIMING_DEFINITIONS,
+        }
     return out
+
+
+GPU_TIMING_DEFINITIONS = (
+    "host ms: the interval on the host, which on a GPU is its launch; GPU ms: between CUDA "
+    "events at its start and end on its stream; launch queue: GPU start - host start. The "
+    "checks read the GPU's times of compute phases and collectives"
+)
 
 
 def _round(value: float) -> float | None:

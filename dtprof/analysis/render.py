@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from dtprof.analysis.report import Finding, Report
 from dtprof.analysis.throughput import rate_text
 
@@ -91,6 +93,34 @@ def _bandwidth(report: Report) -> tuple[list[str], list[list[str]], list[str]]:
     return list(_BW_HEADERS[:width]), cells, notes
 
 
+_TIMING_COLUMNS = ("rank", "kind", "name", "count", "host_ms", "gpu_ms", "launch_ms")
+_TIMING_HEADERS = ("rank", "kind", "name", "count", "host ms", "GPU ms", "launch queue ms")
+
+
+def _gpu_timing(report: Report) -> tuple[list[list[str]], str]:
+    """The cells of the CUDA-event timing table (recorded CUDA jobs), and its definitions."""
+    block = report.summary.get("gpu_timing") or {}
+    cells = [[_cell(row.get(c)) for c in _TIMING_COLUMNS] for row in block.get("rows", [])]
+    return cells, block.get("definitions", "")
+
+
+def _text_table(title: str, headers: Sequence[str], cells: list[list[str]], note: str) -> list[str]:
+    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(headers)]
+    lines = [title, "  ".join(h.rjust(w) for h, w in zip(headers, widths, strict=True))]
+    lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
+    return [*lines, f"({note})", ""]
+
+
+def _markdown_table(
+    title: str, headers: Sequence[str], cells: list[list[str]], note: str
+) -> list[str]:
+    lines = [title, "", "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(row) + " |" for row in cells]
+    return [*lines, "", f"*{note}.*", ""]
+
+
+GPU_TIMING_TITLE = "timed on the GPU (CUDA events), medians per rank:"
+
 NO_STEPS = "no training steps (no ProfilerStep#N): the GPU figures cover the whole trace"
 
 
@@ -131,6 +161,9 @@ def text(report: Report) -> str:
         for cells in _gpu_cells(report):
             lines.append("  ".join(c.rjust(w) for c, w in zip(cells, gw, strict=True)))
         lines += [f"({report.summary['gpu']['definitions']})", ""]
+    timing, note = _gpu_timing(report)
+    if timing:
+        lines += _text_table(GPU_TIMING_TITLE, _TIMING_HEADERS, timing, note)
     grouped = report.by_cause()
     if not grouped:
         lines.append("no findings")
@@ -176,6 +209,9 @@ def markdown(report: Report) -> str:
         lines.append("|" + "---|" * len(_GPU_HEADERS))
         lines += ["| " + " | ".join(cells) + " |" for cells in _gpu_cells(report)]
         lines += ["", f"*{report.summary['gpu']['definitions']}.*", ""]
+    timing, note = _gpu_timing(report)
+    if timing:
+        lines += _markdown_table(GPU_TIMING_TITLE.capitalize(), _TIMING_HEADERS, timing, note)
     grouped = report.by_cause()
     if not grouped:
         lines.append("No findings.")

@@ -4,6 +4,11 @@ A pure function of a path, so it can run in a thread, a process pool or on a clu
 everything after it works on these small tables only. They are Arrow tables: the trace's
 format, sliced and concatenated without copies, and read by the checks through numpy
 (dtprof.analysis.columns).
+
+Where a rank timed its work on the GPU with CUDA events (``gpu_spans``), its compute phases and
+collectives are the GPU's: on a GPU the host's times around them are launches, and a
+collective's GPU start is where its data was ready on the device, its real arrival. Steps and
+the data phase stay the host's.
 """
 
 from __future__ import annotations
@@ -61,6 +66,8 @@ class RankSummary:
     last_span: pa.Table  # rank, step, name, kind, end_ns: what the rank did last
     groups: pa.Table  # group, size: the process groups this rank used, with their sizes
     gpu: pa.Table = field(default_factory=_no_table)  # kernel_figures(): a row, or no columns
+    gpu_timing: pa.Table = field(default_factory=_no_table)  # gpu_timing_rows(), or no columns
+    device: pa.Table = field(default_factory=_no_table)  # rank, step, metric, value: clocks
 
 
 Tables = Path | dict[str, pa.Table]  # a rank folder, or an importer's tables in memory
@@ -109,6 +116,8 @@ COLLECTIVE_COLUMNS = tuple(
 # the samples the checks read (memory growth): their metric, and of them these columns
 MEMORY_METRICS = ("metric", ["rss_bytes", "cuda_allocated_bytes", "cuda_reserved_bytes"])
 MEMORY_COLUMNS = ("step", "metric", "value")
+# NVML's readings of the clocks, which the straggler's suggestion reads (dtprof.analysis.device)
+DEVICE_METRICS = ("metric", ["gpu_sm_clock_mhz", "gpu_clock_reasons"])
 
 
 def summarize_frames(meta: RankMeta, folder: Tables, inflight_ops: list[InflightOp]) -> RankSummary:
@@ -138,10 +147,15 @@ def summarize_frames(meta: RankMeta, folder: Tables, inflight_ops: list[Inflight
             phases = pa.concat_tables([phases, gpu_phases.select(PHASE_COLUMNS)])
         computing, loading = phase_kinds(phases)
     collectives = _rank_rows(folder, "collectives", rank, params, [*COLLECTIVE_COLUMNS, "async_op"])
+    gpu_spans = _rank_rows(folder, "gpu_spans", rank, params)
+    if gpu_spans.num_rows:
+        phases = on_gpu(phases, gpu_spans, "name")
+        collectives = on_gpu(collectives, gpu_spans, "op")
     compute, data = step_times(phases, computing, loading, collectives, steps)
     steps = steps.append_column("compute_ns", pa.array(compute))
     steps = steps.append_column("data_ns", pa.array(data))
     collectives = collectives.drop_columns(["async_op"])
+    samples = {"samples": _table(folder, "samples")}  # read once: memory and clocks
     for col in TEXT_CODED:
         i = collectives.schema.get_field_index(col)
         collectives = collectives.set_column(i, col, pc.dictionary_encode(collectives.column(i)))
@@ -154,13 +168,65 @@ def summarize_frames(meta: RankMeta, folder: Tables, inflight_ops: list[Inflight
         collectives=collectives,
         scalars=_rank_rows(folder, "scalars", rank, params),
         fingerprints=_rank_rows(folder, "fingerprints", rank, params),
-        memory=_rank_rows(folder, "samples", rank, params, MEMORY_COLUMNS, MEMORY_METRICS),
+        memory=_rank_rows(samples, "samples", rank, params, MEMORY_COLUMNS, MEMORY_METRICS),
         events=_rank_rows(folder, "events", rank, params),
         inflight=inflight_table([(rank, inflight_ops)], params),
         last_span=_last_span(spans, gpu_phases),
         groups=_groups(_table(folder, "groups")),
         gpu=gpu,
+        gpu_timing=gpu_timing_rows(gpu_spans) if gpu_spans.num_rows else NO_TABLE,
+        device=_rank_rows(samples, "samples", rank, params, MEMORY_COLUMNS, DEVICE_METRICS),
     )
+
+
+def on_gpu(table: pa.Table, gpu_spans: pa.Table, name: str) -> pa.Table:
+    """``table`` (phases or collectives) with the GPU's start and end for each row that
+    ``gpu_spans`` timed: the row with the same host start and the same ``name`` (op)."""
+    if not table.num_rows:
+        return table
+    host = values(gpu_spans, "start_ns", np.int64)
+    order = np.argsort(host, kind="stable")
+    host = host[order]
+    start = values(table, "start_ns", np.int64)
+    at = np.minimum(np.searchsorted(host, start), len(host) - 1)
+    hit = host[at] == start
+    taken = order[at]
+    same = pc.equal(table.column(name), pc.take(gpu_spans.column("name"), taken))
+    hit &= pc.fill_null(same, False).to_numpy(zero_copy_only=False)
+    if not hit.any():
+        return table
+    mask = pa.array(hit)
+    for column in ("start_ns", "end_ns"):
+        gpu = pc.take(gpu_spans.column(f"gpu_{column}"), taken)
+        i = table.schema.get_field_index(column)
+        table = table.set_column(i, column, pc.if_else(mask, gpu, table.column(i)))
+    return table
+
+
+GPU_TIMING_COLUMNS = ["rank", "kind", "name", "count", "host_ms", "gpu_ms", "launch_ms"]
+
+
+def gpu_timing_rows(gpu_spans: pa.Table) -> pa.Table:
+    """Per kind and name of what a rank timed on the GPU: how many, and the medians of the
+    host's duration (the launch), the GPU's, and the launch queue (GPU start - host start)."""
+    kind, name = values(gpu_spans, "kind"), values(gpu_spans, "name")
+    host = values(gpu_spans, "end_ns", np.float64) - values(gpu_spans, "start_ns", np.float64)
+    gpu = values(gpu_spans, "gpu_end_ns", np.float64) - values(
+        gpu_spans, "gpu_start_ns", np.float64
+    )
+    lag = values(gpu_spans, "gpu_start_ns", np.float64) - values(gpu_spans, "start_ns", np.float64)
+    keys = sorted({(str(k), str(n)) for k, n in zip(kind.tolist(), name.tolist(), strict=True)})
+    rank = int(values(gpu_spans, "rank")[0])
+    out: dict[str, list] = {c: [] for c in GPU_TIMING_COLUMNS}
+    for k, n in keys:
+        mask = (kind == k) & (name == n)
+        for column, value in zip(
+            GPU_TIMING_COLUMNS,
+            (rank, k, n, int(mask.sum()), *(np.median(x[mask]) / 1e6 for x in (host, gpu, lag))),
+            strict=True,
+        ):
+            out[column].append(value)
+    return pa.table(out)
 
 
 def _kernels(folder: Tables, rank: int, params: dict[int, ClockParams]) -> Kernels | None:
@@ -300,6 +366,8 @@ class RunSummary:
     last_span: pa.Table
     groups: pa.Table
     gpu: pa.Table = field(default_factory=_no_table)  # per rank: gpu.kernel_figures()
+    gpu_timing: pa.Table = field(default_factory=_no_table)  # per rank: gpu_timing_rows()
+    device: pa.Table = field(default_factory=_no_table)  # rank, step, metric, value: clocks
     without_trace: list[int] = field(default_factory=list)  # ranks of the job that wrote none
 
     @property
@@ -327,6 +395,7 @@ class RunSummary:
             fingerprints=keep(self.fingerprints),
             memory=keep(self.memory),
             events=keep(self.events),
+            device=keep(self.device),
         )
 
 
@@ -400,4 +469,6 @@ def combine(summaries: Sequence[RankSummary | RunSummary]) -> RunSummary:
         last_span=cat("last_span"),
         groups=groups,
         gpu=cat("gpu"),
+        gpu_timing=cat("gpu_timing"),
+        device=cat("device"),
     )

@@ -40,6 +40,7 @@ from dtprof.analysis.columns import (
     values,
     warmup_steps,
 )
+from dtprof.analysis.device import clock_note
 from dtprof.analysis.report import Finding
 from dtprof.analysis.summarize import RunSummary
 from dtprof.analysis.throughput import job_rates, rate_text
@@ -369,6 +370,7 @@ def _finding(
     host = run.meta[suspect].host or "?"
     matched = int(culprits.sum())
     last_share = float(arr.last_share.get(suspect, 0.0))
+    clocks = clock_note(run.device, suspect, first, last)  # None without NVML samples (CPU)
     if chronic:
         severity = "error" if slowdown >= ERROR_SLOWDOWN else "warning"
         message = (
@@ -381,6 +383,11 @@ def _finding(
             f"look at rank {suspect}'s host ({host}) and device: clocks and temperature "
             "(NVML samples), another process on it, or larger inputs on that rank"
         )
+        if clocks:
+            suggestion = (
+                f"rank {suspect}'s GPU is throttled ({clocks}): look at its cooling and power "
+                f"limit on {host} (nvidia-smi -q -d PERFORMANCE), or leave that GPU out"
+            )
     else:
         severity = "warning"
         message = (
@@ -394,6 +401,11 @@ def _finding(
             "a checkpoint or evaluation on that rank, another job, thermal throttling (NVML "
             "samples), a garbage collection"
         )
+        if clocks:
+            suggestion = (
+                f"rank {suspect}'s GPU was throttled in steps {first}-{last} ({clocks}): look at "
+                f"its cooling and power on {host} (nvidia-smi -q -d PERFORMANCE)"
+            )
     return Finding(
         code="straggler",
         severity=severity,
@@ -409,6 +421,7 @@ def _finding(
             **rates,
             **if_fixed,
             "chronic": chronic,
+            **({"gpu_clocks": clocks} if clocks else {}),
             "last_arrival_share": round(last_share, 4),
             "steps_last": round(share, 4),
             "collectives_matched": matched,
