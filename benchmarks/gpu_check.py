@@ -1,0 +1,568 @@
+"""GPU check: dtprof's CUDA path on one GPU, in a few minutes (benchmarks/gpu_check.sh runs it).
+
+    python benchmarks/gpu_check.py --out DIR [--work DIR] [--steps 50] [--rounds 4]
+
+1. **NCCL, a world of one**: a small decoder-style transformer trained with DDP (bf16 autocast)
+   under ``dtprof.profile`` with everything on (phases, a user region, DDP's buckets, a
+   synchronous and an asynchronous ``all_reduce`` through the Python API, fingerprints, the
+   hang watchdog, NVML every 0.2 s, the loss). Checked: every phase, the region and the
+   collectives have GPU times; a region around a GPU sleep of known length gets that length
+   on the GPU and almost none on the host; the GPU end of a last region against the host time
+   right after a ``torch.cuda.synchronize()`` (the anchors' accuracy). NCCL's own timing of
+   each collective (``TORCH_NCCL_ENABLE_TIMING``, an on-completion hook) is read beside
+   dtprof's, to compare.
+2. **Two processes sharing the GPU**, gloo between them, CUDA compute, rank 1's forward given
+   SLOW_MS more GPU work (a sleep kernel) each step: the same recording, and the straggler
+   named from GPU times.
+3. **Overhead**, in a process of its own: the loop of 1 bare and recorded (and recorded with
+   one part off at a time, to see where the cost is), blocks interleaved over ``--rounds``
+   rounds, each block's first WARM steps left out (goal: recorded / bare <= 1.01).
+4. ``dtprof analyze`` on each trace.
+
+Writes ``gpu_check.json`` (every figure) and ``gpu_check.txt`` (a short table) to ``--out``,
+with both reports beside them; the traces go to ``--work``. Exits 0 when it ran to the end;
+the checks' verdicts are in the files (a check that fails is a finding about dtprof, not a
+reason to lose the others).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import dtprof
+from dtprof.trace.reader import read_rank_meta, read_table
+from dtprof.trace.schema import TABLES
+
+VOCAB, SEQ, BATCH = 8192, 512, 8
+SLEEP_MS = 2.0  # the known GPU work inside the timed region
+SLOW_MS = 30.0  # rank 1's extra GPU work in each forward in part 2
+
+
+class Transformer(nn.Module):
+    """Token embedding, pre-norm encoder blocks, a vocabulary head."""
+
+    def __init__(self, width: int, layers: int) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, width)
+        block = nn.TransformerEncoderLayer(
+            width, nhead=width // 64, dim_feedforward=4 * width, batch_first=True, norm_first=True
+        )
+        self.blocks = nn.TransformerEncoder(block, layers, enable_nested_tensor=False)
+        self.head = nn.Linear(width, VOCAB)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.blocks(self.embed(tokens)))
+
+
+class Slowed(nn.Module):
+    """A model whose forward first keeps the GPU busy for ``cycles`` clock cycles."""
+
+    def __init__(self, inner: nn.Module, cycles: int) -> None:
+        super().__init__()
+        self.inner = inner
+        self.cycles = cycles
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        torch.cuda._sleep(self.cycles)
+        return self.inner(tokens)
+
+
+def train_step(model: nn.Module, opt: torch.optim.Optimizer, tokens: torch.Tensor) -> torch.Tensor:
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        logits = model(tokens[:, :-1])
+    loss = F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss.detach()
+
+
+def sleep_cycles(ms: float) -> int:
+    """GPU clock cycles of torch.cuda._sleep that take ``ms`` on this device (measured)."""
+    cycles = 10_000_000
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(cycles)  # warm
+    start.record()
+    torch.cuda._sleep(cycles)
+    end.record()
+    torch.cuda.synchronize()
+    return int(cycles * ms / start.elapsed_time(end))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def median(xs: list[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+def rank_tables(trace: Path, rank: int) -> dict[str, Any]:
+    """One rank's tables as Python lists of dicts, raw (its own monotonic clock), and its meta."""
+    folder = trace / f"rank={rank:05d}"
+    out = {name: read_table(folder, TABLES[name]).to_pylist() for name in TABLES}
+    out["meta"] = read_rank_meta(folder)
+    return out
+
+
+def gpu_figures(t: dict[str, Any]) -> dict[str, Any]:
+    """Host vs GPU durations and the launch lag, per phase, region and collective op."""
+    by: dict[tuple[str, str], dict[str, list[float]]] = {}
+    for r in t["gpu_spans"]:
+        d = by.setdefault((r["kind"], r["name"]), {"host_ms": [], "gpu_ms": [], "lag_ms": []})
+        d["host_ms"].append((r["end_ns"] - r["start_ns"]) / 1e6)
+        d["gpu_ms"].append((r["gpu_end_ns"] - r["gpu_start_ns"]) / 1e6)
+        d["lag_ms"].append((r["gpu_start_ns"] - r["start_ns"]) / 1e6)
+    return {
+        f"{kind}:{name}": {"n": len(d["gpu_ms"]), **{k: median(v) for k, v in d.items()}}
+        for (kind, name), d in sorted(by.items())
+    }
+
+
+def sample_figures(t: dict[str, Any]) -> dict[str, Any]:
+    by: dict[str, list[float]] = {}
+    for r in t["samples"]:
+        by.setdefault(r["metric"], []).append(r["value"])
+    return {m: {"n": len(v), "median": median(v), "max": max(v)} for m, v in sorted(by.items())}
+
+
+def meta_figures(meta: Any) -> dict[str, Any]:
+    from dtprof.trace.meta import as_dict
+
+    keep = ("device", "device_name", "backend", "status", "nvml", "gpm", "gpu_timing")
+    keep += ("ddp_buckets_via", "ddp_buckets_kernel", "ddp_buckets_native", "disabled_hooks")
+    full = as_dict(meta)
+    return {k: full.get(k) for k in keep}
+
+
+def collective_figures(t: dict[str, Any]) -> dict[str, Any]:
+    by: dict[str, int] = {}
+    for r in t["collectives"]:
+        key = f"{r['op']} {r['label'] or ''}".strip()
+        by[key] = by.get(key, 0) + 1
+    return by
+
+
+# ---------------------------------------------------------------- part 1 and 3: NCCL, one rank
+
+
+def part_one(out: Path, steps: int, width: int, layers: int) -> dict[str, Any]:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    os.environ["TORCH_NCCL_ENABLE_TIMING"] = "1"
+    device = torch.device("cuda", 0)
+    torch.cuda.set_device(device)
+    dist.init_process_group("nccl", rank=0, world_size=1, device_id=device)
+    nccl_ms: dict[str, list[float]] = {}
+    hook_error = None
+
+    def on_completion(info: Any) -> None:
+        ms = info.active_duration.total_seconds() * 1e3
+        nccl_ms.setdefault(str(info.op_type).rsplit(".", 1)[-1], []).append(ms)
+
+    try:
+        dist.distributed_c10d._get_default_group()._register_on_completion_hook(on_completion)
+    except Exception as exc:
+        hook_error = f"{type(exc).__name__}: {exc}"
+    torch.manual_seed(0)
+    model = DDP(Transformer(width, layers).to(device), device_ids=[0])
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    tokens = torch.randint(0, VOCAB, (BATCH, SEQ + 1), device=device)
+    cycles = sleep_cycles(SLEEP_MS)
+    for _ in range(3):  # warm: cuBLAS, NCCL, the allocator
+        train_step(model, opt, tokens)
+    torch.cuda.synchronize()
+
+    trace = out / "trace_nccl"
+    t0 = time.perf_counter()
+    with dtprof.profile(
+        trace,
+        model=model,
+        optimizer=opt,
+        fingerprint_every=10,
+        hang_timeout_s=120,
+        gpu_sample_interval_s=0.2,
+    ) as prof:
+        for _ in range(steps):
+            with prof.region("gpu-sleep"):
+                torch.cuda._sleep(cycles)
+            loss = train_step(model, opt, tokens)
+            flag = torch.ones(1, device=device)
+            dist.all_reduce(flag)  # synchronous, through the Python API
+            work = dist.all_reduce(torch.ones(1 << 20, device=device), async_op=True)
+            work.wait()
+            prof.log(loss=loss)
+            prof.step()
+        with prof.region("probe"):
+            torch.cuda._sleep(cycles)
+        torch.cuda.synchronize()
+        probe_host_end = time.perf_counter_ns()
+    recorded_s = time.perf_counter() - t0
+
+    t = rank_tables(trace, 0)
+    probe = [r for r in t["gpu_spans"] if r["name"] == "probe"]
+    sleep = [r for r in t["gpu_spans"] if r["name"] == "gpu-sleep"]
+    figures = gpu_figures(t)
+    result: dict[str, Any] = {
+        "trace": str(trace),
+        "steps": len(t["steps"]),
+        "recorded_s": round(recorded_s, 2),
+        "meta": meta_figures(t["meta"]),
+        "gpu_spans_rows": len(t["gpu_spans"]),
+        "gpu": figures,
+        "samples": sample_figures(t),
+        "collectives": collective_figures(t),
+        "events": [f"{e['kind']}: {e['message']}" for e in t["events"]],
+        "sleep_region_ms": {
+            "expected_gpu": SLEEP_MS,
+            "gpu": median([(r["gpu_end_ns"] - r["gpu_start_ns"]) / 1e6 for r in sleep]),
+            "host": median([(r["end_ns"] - r["start_ns"]) / 1e6 for r in sleep]),
+        },
+        "probe": {
+            # after synchronize() returned, the GPU's end of the last region is just behind
+            "host_after_sync_minus_gpu_end_us": (
+                (probe_host_end - probe[0]["gpu_end_ns"]) / 1e3 if probe else None
+            ),
+        },
+    }
+    time.sleep(1.0)  # the completion hook runs on NCCL's watchdog thread
+    result["nccl_own_timing_ms"] = {
+        "error": hook_error,
+        **{op: {"n": len(v), "median": median(v)} for op, v in nccl_ms.items()},
+    }
+    dist.barrier()
+    dist.destroy_process_group()
+    return result
+
+
+# what each overhead mode gives profile() (and "env": variables set while it records), None:
+# no recording
+MODES: dict[str, dict[str, Any] | None] = {
+    "bare": None,
+    "dtprof": {},
+    "dtprof-native-gpu": {"env": {"DTPROF_NATIVE_GPU": "1"}},
+    "dtprof-no-gpu-timing": {"gpu_timing": False},
+    "dtprof-no-buckets": {"ddp_buckets": False},
+    "dtprof-no-nvml": {"gpu_sample_interval_s": 0},
+    "dtprof-no-model": {"model": None, "optimizer": None},
+}
+
+
+def part_three(out: Path, steps: int, rounds: int, width: int, layers: int) -> dict[str, Any]:
+    """The overhead in a process of its own (no NCCL timing or hooks of part 1's): each mode
+    of MODES in blocks of WARM + ``steps`` steps, the order rotated each round; of each block,
+    the steps after WARM, synchronized at both ends: wall ms per step, the process's CPU ms per
+    step (every thread), and the host's ms in forward, backward and the optimizer."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    device = torch.device("cuda", 0)
+    torch.cuda.set_device(device)
+    dist.init_process_group("nccl", rank=0, world_size=1, device_id=device)
+    torch.manual_seed(0)
+    model = DDP(Transformer(width, layers).to(device), device_ids=[0])
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    tokens = torch.randint(0, VOCAB, (BATCH, SEQ + 1), device=device)
+    for _ in range(WARM):
+        train_step(model, opt, tokens)
+    names = list(MODES)
+    got: dict[str, dict[str, list[float]]] = {m: {} for m in names}
+    for i in range(rounds):
+        for mode in names[i % len(names) :] + names[: i % len(names)]:
+            block = timed_block(model, opt, tokens, steps, MODES[mode], out / f"trace_{i}_{mode}")
+            for key, value in block.items():
+                got[mode].setdefault(key, []).append(value)
+            print(f"overhead round {i} {mode}: {block}", file=sys.stderr, flush=True)
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(10_000)]
+    t0 = time.perf_counter()
+    for event in events:  # what one CUDA event costs the host (each interval records two)
+        event.record()
+    record_us = (time.perf_counter() - t0) / len(events) * 1e6
+    torch.cuda.synchronize()
+    dist.barrier()
+    dist.destroy_process_group()
+    medians = {m: {k: round(statistics.median(v), 3) for k, v in got[m].items()} for m in names}
+    bare = medians["bare"]
+    return {
+        "steps_per_block": steps,
+        "warm_steps_per_block": WARM,
+        "rounds": rounds,
+        "medians": medians,
+        "ratio_wall": {m: round(medians[m]["wall_ms"] / bare["wall_ms"], 4) for m in names},
+        "ratio_cpu": {m: round(medians[m]["cpu_ms"] / bare["cpu_ms"], 4) for m in names},
+        "event_record_us": round(record_us, 3),
+        "blocks": got,
+        "goal": 1.01,
+    }
+
+
+WARM = 5  # steps of each block before the timed ones: profile start-up, the FLOP count
+
+
+def timed_block(
+    model: nn.Module,
+    opt: torch.optim.Optimizer,
+    tokens: torch.Tensor,
+    steps: int,
+    options: dict[str, Any] | None,
+    trace: Path,
+) -> dict[str, float]:
+    prof: Any = None
+    env = dict((options or {}).get("env", {}))
+    os.environ.update(env)
+    if options is not None:
+        kwargs: dict[str, Any] = {"model": model, "optimizer": opt, **options}
+        kwargs.pop("env", None)
+        prof = dtprof.profile(trace, **kwargs).__enter__()
+    host = {"forward_ms": 0.0, "backward_ms": 0.0, "optimizer_ms": 0.0}
+    try:
+        for i in range(WARM + steps):
+            if i == WARM:
+                torch.cuda.synchronize()
+                wall, cpu = time.perf_counter(), time.process_time()
+                host = dict.fromkeys(host, 0.0)
+            t0 = time.perf_counter()
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                logits = model(tokens[:, :-1])
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
+            t1 = time.perf_counter()
+            loss.backward()
+            t2 = time.perf_counter()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            t3 = time.perf_counter()
+            host["forward_ms"] += t1 - t0
+            host["backward_ms"] += t2 - t1
+            host["optimizer_ms"] += t3 - t2
+            if prof is not None:
+                prof.log(loss=loss.detach())
+                prof.step()
+        torch.cuda.synchronize()
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    finally:
+        if prof is not None:
+            prof.__exit__(None, None, None)
+        for key in env:
+            del os.environ[key]
+    found = {
+        "wall_ms": wall / steps * 1e3,
+        "cpu_ms": cpu / steps * 1e3,
+        **{k: v / steps * 1e3 for k, v in host.items()},
+    }
+    if prof is not None:  # which bucket kernel recorded, and how many buckets have GPU times
+        t = rank_tables(trace, 0)
+        kernel = str(t["meta"].ddp_buckets_kernel or t["meta"].ddp_buckets_via or "none")
+        found["native_kernel"] = float(kernel == "native")
+        found["gpu_timed_collectives"] = float(
+            sum(r["kind"] == "collective" for r in t["gpu_spans"])
+        )
+        found["collectives"] = float(len(t["collectives"]))
+    return found
+
+
+# ---------------------------------------------------------------- part 2: two processes, gloo
+
+
+def worker(rank: int, world: int, port: int, trace: Path, steps: int, width: int) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.cuda.set_device(0)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.manual_seed(0)
+    device = torch.device("cuda", 0)
+    net: nn.Module = Transformer(width, 2).to(device)
+    if rank == 1:
+        net = Slowed(net, sleep_cycles(SLOW_MS))
+    model = DDP(net, device_ids=[0])
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    tokens = torch.randint(0, VOCAB, (BATCH // 2, SEQ + 1), device=device)
+    train_step(model, opt, tokens)
+    torch.cuda.synchronize()
+    with dtprof.profile(trace, model=model, optimizer=opt, gpu_sample_interval_s=0.2) as prof:
+        for _ in range(steps):
+            loss = train_step(model, opt, tokens)
+            prof.log(loss=loss)
+            prof.step()
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def part_two(out: Path, steps: int, width: int) -> dict[str, Any]:
+    trace = out / "trace_gloo"
+    args = ["--port", str(free_port()), "--trace", str(trace), "--steps", str(steps)]
+    args += ["--width", str(width)]
+    procs = [
+        subprocess.Popen([sys.executable, __file__, "--worker", str(rank), *args])
+        for rank in range(2)
+    ]
+    codes = [p.wait(timeout=240) for p in procs]
+    result: dict[str, Any] = {"trace": str(trace), "exit_codes": codes}
+    for rank in range(2):
+        t = rank_tables(trace, rank)
+        result[f"rank{rank}"] = {
+            "steps": len(t["steps"]),
+            "meta": meta_figures(t["meta"]),
+            "gpu": gpu_figures(t),
+            "collectives": collective_figures(t),
+            "events": [f"{e['kind']}: {e['message']}" for e in t["events"]],
+        }
+    return result
+
+
+def overhead(work: Path, rounds: int, width: int, layers: int) -> dict[str, Any]:
+    found = work / "overhead.json"
+    args = ["--overhead", str(found), "--trace", str(work / "overhead_traces")]
+    args += ["--rounds", str(rounds), "--width", str(width), "--layers", str(layers)]
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_NCCL_ENABLE_TIMING"}
+    subprocess.run([sys.executable, __file__, *args], check=True, timeout=300, env=env)
+    result: dict[str, Any] = json.loads(found.read_text())
+    return result
+
+
+# ---------------------------------------------------------------- part 4: analyze
+
+
+def analyze(trace: Path, out: Path, name: str) -> dict[str, Any]:
+    text = subprocess.run(
+        [sys.executable, "-m", "dtprof", "analyze", str(trace)], capture_output=True, text=True
+    )
+    (out / f"report_{name}.txt").write_text(text.stdout + text.stderr)
+    js = subprocess.run(
+        [sys.executable, "-m", "dtprof", "analyze", str(trace), "--format", "json"],
+        capture_output=True,
+        text=True,
+    )
+    try:
+        report = json.loads(js.stdout)
+    except ValueError:
+        return {"exit_code": js.returncode, "error": (js.stderr or js.stdout)[-2000:]}
+    findings = [
+        {k: f.get(k) for k in ("code", "severity", "ranks", "message", "suggestion")}
+        for f in report.get("findings", [])
+    ]
+    return {"exit_code": js.returncode, "findings": findings}
+
+
+def table(summary: dict[str, Any]) -> str:
+    one = summary["nccl_one_rank"]
+    lines = [f"device: {summary['device']}, torch {summary['torch']}", ""]
+    lines.append("part 1, NCCL world of one: host vs GPU (medians, ms)")
+    lines.append(f"{'what':<32}{'n':>5}{'host':>10}{'gpu':>10}{'lag':>10}")
+    for key, f in one["gpu"].items():
+        cells = [f.get(k) for k in ("host_ms", "gpu_ms", "lag_ms")]
+        text = "".join(f"{c:>10.3f}" if c is not None else f"{'-':>10}" for c in cells)
+        lines.append(f"{key:<32}{f['n']:>5}{text}")
+    s = one["sleep_region_ms"]
+    lines.append(
+        f"region around a {s['expected_gpu']} ms GPU sleep: gpu {s['gpu']} ms, host {s['host']} ms"
+    )
+    lines.append(
+        f"probe: host after sync - GPU end = {one['probe']['host_after_sync_minus_gpu_end_us']} us"
+    )
+    lines.append(f"NCCL's own timing (ms): {one['nccl_own_timing_ms']}")
+    lines.append(f"gpu_timing: {one['meta'].get('gpu_timing')}")
+    lines.append(f"nvml: {one['meta'].get('nvml')}  gpm: {one['meta'].get('gpm')}")
+    for m, f in one["samples"].items():
+        lines.append(f"  sample {m:<28} n={f['n']:<4} median={f['median']:.4g} max={f['max']:.4g}")
+    o = summary["overhead"]
+    lines.append("")
+    lines.append(
+        f"part 3, overhead (medians of {o['rounds']} blocks of {o['steps_per_block']} steps; "
+        f"ms per step; ratios to bare; goal {o['goal']})"
+    )
+    keys = ["wall_ms", "cpu_ms", "forward_ms", "backward_ms", "optimizer_ms"]
+    lines.append(f"{'mode':<22}" + "".join(f"{k:>14}" for k in keys) + f"{'wall x':>9}{'cpu x':>9}")
+    lines.append(f"one CUDA event recorded: {o['event_record_us']} us on the host")
+    for mode, m in o["medians"].items():
+        cells = "".join(f"{m[k]:>14.3f}" for k in keys)
+        ratios = f"{o['ratio_wall'][mode]:>9.3f}{o['ratio_cpu'][mode]:>9.3f}"
+        lines.append(f"{mode:<22}{cells}{ratios}")
+    two = summary["gloo_two_ranks"]
+    lines.append("")
+    lines.append(f"part 2, gloo two ranks on one GPU: exit codes {two['exit_codes']}")
+    for rank in (0, 1):
+        r = two.get(f"rank{rank}", {})
+        for key, f in r.get("gpu", {}).items():
+            host, gpu = f["host_ms"], f["gpu_ms"]
+            lines.append(f"  rank {rank} {key:<28} n={f['n']:<4} host={host:.3f} gpu={gpu:.3f}")
+    for name, a in summary["analyze"].items():
+        lines.append(f"analyze {name}: exit {a.get('exit_code')}")
+        for f in a.get("findings", []):
+            lines.append(f"  {f['severity']} {f['code']} {f['ranks']}: {f['message'][:160]}")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--out", type=Path)
+    p.add_argument("--work", type=Path, help="where the traces go (default: OUT/work)")
+    p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--width", type=int, default=1024)
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--worker", type=int)
+    p.add_argument("--overhead", type=Path, help="(part 3 in its own process: its JSON here)")
+    p.add_argument("--port", type=int)
+    p.add_argument("--trace", type=Path)
+    a = p.parse_args()
+    if a.worker is not None:
+        worker(a.worker, 2, a.port, a.trace, a.steps, a.width)
+        return
+    if a.overhead is not None:
+        found = part_three(a.trace, 30, a.rounds, a.width, a.layers)
+        a.overhead.write_text(json.dumps(found))
+        return
+    out: Path = a.out
+    out.mkdir(parents=True, exist_ok=True)
+    summary: dict[str, Any] = {
+        "device": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+    }
+    steps = a.steps
+
+    def run(name: str, fn: Any) -> None:
+        t0 = time.perf_counter()
+        try:
+            summary[name] = fn()
+        except Exception as exc:
+            import traceback
+
+            summary[name] = {"error": traceback.format_exc()[-3000:]}
+            print(f"{name} failed: {exc}", file=sys.stderr)
+        print(f"{name}: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+
+    work = a.work or out / "work"
+    run("nccl_one_rank", lambda: part_one(work, steps, a.width, a.layers))
+    run("gloo_two_ranks", lambda: part_two(work, 30, 512))
+    run("overhead", lambda: overhead(work, a.rounds, a.width, a.layers))
+    summary["analyze"] = {}
+    for name in ("nccl", "gloo"):
+        trace = work / f"trace_{name}"
+        run(f"analyze_{name}", lambda trace=trace, name=name: analyze(trace, out, name))
+        summary["analyze"][name] = summary.pop(f"analyze_{name}")
+    (out / "gpu_check.json").write_text(json.dumps(summary, indent=1, default=str))
+    try:
+        (out / "gpu_check.txt").write_text(table(summary))
+    except Exception:
+        import traceback
+
+        (out / "gpu_check.txt").write_text(traceback.format_exc())
+    print((out / "gpu_check.txt").read_text())
+
+
+if __name__ == "__main__":
+    main()
