@@ -18,7 +18,9 @@ reduces under ``find_unused_parameters`` as ``ddp.used_parameters``.
 Where it is built (``dtprof build-native``), the same kernel in C++ (:class:`NativeBuckets`,
 ``native/buckets.cpp``) does this with no Python on a bucket's path: the Python kernel costs
 a few hundred µs per step of a small DDP model (benchmarks/overhead.py), the native one about
-nothing measurable. Where neither can be
+nothing measurable. On a CUDA job each bucket is also timed on the GPU (dtprof.record.
+gpu_timing): by the Python kernel, or, with ``DTPROF_NATIVE_GPU=1``, by the native one (its
+CUDA path is not yet verified on a GPU: docs/gpu.md). Where neither can be
 registered (a torch without these operators, or a kernel of someone else's there) or would not
 see the buckets (parameters on a device other than CPU and CUDA), ``ddp_hook`` records them
 through a comm hook instead.
@@ -144,6 +146,8 @@ class NativeBuckets:
         self._labels: dict[int, str] = {}  # record id -> label, given in launch order
         self._seen = -1  # the highest record id labelled
         self._installed = False
+        self._gpu: int | None = None  # the CUDA device whose buckets are timed on the GPU
+        self._next_anchor_ns = 0
 
     def watch(self, model: torch.nn.parallel.DistributedDataParallel) -> None:
         group = ddp_group(model)
@@ -151,6 +155,12 @@ class NativeBuckets:
             self.ops.install()
             self._installed = True
         slot = int(self.ops.watch(group.boxed()))
+        if self._gpu is None and self.recorder.prof.gpu_timer is not None:
+            device = next((p.device for p in model.parameters() if p.is_cuda), None)
+            if device is not None:
+                self._gpu = int(device.index or 0)
+                self._anchor()
+                self.ops.set_gpu_timing(True)
         name = self.recorder.group_name(group)
         if slot not in self.names:
             # the group's sequence numbers go on from where Python's count is
@@ -163,11 +173,13 @@ class NativeBuckets:
         if not self._installed:
             return
         self._installed = False
+        self.ops.set_gpu_timing(False)
         self.ops.uninstall()
         deadline = comms.now_ns() + int(timeout_s * 1e9)
+        self.sync()
         while self.ops.pending().shape[0] and comms.now_ns() < deadline:
             time.sleep(0.005)
-        self.sync()
+            self.sync()  # a bucket timed on the GPU is done once drained
 
     def set_step(self, step: int) -> None:
         self.native.shared[0] = step
@@ -180,6 +192,8 @@ class NativeBuckets:
             failure = str(self.ops.failed())
             if failure:
                 raise RuntimeError(failure)
+            if self._gpu is not None and comms.now_ns() > self._next_anchor_ns:
+                self._anchor()
             done = self.ops.drain().tolist()
             pending = self.ops.pending().tolist()
             self._label(done, pending)
@@ -187,6 +201,8 @@ class NativeBuckets:
             for row in done:
                 rec.inflight.pop(-1 - row[0], None)
                 rec.out.append(self._row(row, end=row[5]))
+            if self._gpu is not None:
+                self._gpu_rows(done)
             for row in pending:
                 rec.inflight[-1 - row[0]] = self._row(row)
         except Exception as exc:
@@ -195,16 +211,44 @@ class NativeBuckets:
                 self.ops.uninstall()  # training goes on without the kernel
             self.recorder.prof.hook_failed("ddp buckets", exc)
 
+    def _anchor(self) -> None:
+        """A new anchor for the GPU times (every gpu_timing.ANCHOR_EVERY_S)."""
+        from dtprof.record.gpu_timing import ANCHOR_EVERY_S
+
+        error = int(self.ops.anchor(self._gpu))
+        self._next_anchor_ns = comms.now_ns() + int(ANCHOR_EVERY_S * 1e9)
+        timer = self.recorder.prof.gpu_timer
+        if timer is not None:
+            timer.anchor_error_ns = max(timer.anchor_error_ns, error)
+
+    def _gpu_rows(self, done: list[list[int]]) -> None:
+        """The GPU's times of the drained buckets that have them, into gpu_spans."""
+        prof = self.recorder.prof
+        timed = 0
+        for row in done:
+            _rid, slot, seq, step, start, end = row[:6]
+            gpu_start, gpu_end = row[11:13]
+            if gpu_start >= 0:
+                name = self.names[slot]
+                prof.gpu_spans.append(
+                    (step, "all_reduce", "collective", name, seq, start, end, gpu_start, gpu_end)
+                )
+                timed += 1
+        timer = prof.gpu_timer
+        if timer is not None:
+            timer.timed += timed
+            timer.dropped_native = int(self.ops.gpu_dropped())
+
     def _label(self, done: list[list[int]], pending: list[list[int]]) -> None:
         """Labels in launch order (record ids), for ids not seen before."""
         fresh = sorted((r for r in done + pending if r[0] > self._seen), key=lambda r: r[0])
-        for rid, slot, _seq, _step, _s, _e, _n, _d, floating, task, _err in fresh:
+        for rid, slot, _seq, _step, _s, _e, _n, _d, floating, task, _err, _gs, _ge in fresh:
             self._labels[rid] = bucket_label(self._buckets[slot], bool(floating), task)
             self._seen = rid
 
     def _row(self, row: list[int], end: int | None = None) -> tuple[Any, ...]:
         """A collectives row (with ``end``), or an in-flight record (without)."""
-        rid, slot, seq, step, start, _end, nbytes, dtype, _f, _task, error = row
+        rid, slot, seq, step, start, _end, nbytes, dtype, _f, _task, error = row[:11]
         label = self._labels.pop(rid, None) if end is not None else self._labels.get(rid)
         if end is not None and error:
             label = f"{label};error" if label else "error"

@@ -73,6 +73,7 @@ class GpuTimer:
         self._side = torch.cuda.Stream()
         self.timed = 0
         self.dropped = 0
+        self.dropped_native = 0  # DDP buckets the native kernel did not time (ddp_buckets)
         self.anchor_error_ns = 0
         self._anchor()
 
@@ -80,7 +81,7 @@ class GpuTimer:
         return GpuTiming(
             available=True,
             timed=self.timed,
-            dropped=self.dropped,
+            dropped=self.dropped + self.dropped_native,
             anchor_error_ns=self.anchor_error_ns,
         )
 

@@ -12,6 +12,7 @@ import sys
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -240,10 +241,17 @@ class _FakeOps:
 
     def drain(self) -> torch.Tensor:
         rows, self.done = self.done, []
-        return torch.tensor(rows, dtype=torch.int64).reshape(-1, 11)
+        return torch.tensor(rows, dtype=torch.int64).reshape(-1, 13)
 
     def pending(self) -> torch.Tensor:
-        return torch.tensor(self.pending_rows, dtype=torch.int64).reshape(-1, 11)
+        return torch.tensor(self.pending_rows, dtype=torch.int64).reshape(-1, 13)
+
+    def anchor(self, device: int) -> int:
+        self.anchors = getattr(self, "anchors", 0) + 1
+        return 40_000  # the anchor's error bound, ns
+
+    def gpu_dropped(self) -> int:
+        return 3
 
     def failed(self) -> str:
         return self.failure
@@ -258,14 +266,19 @@ class _FakeRecorder:
         self.out: list[tuple[Any, ...]] = []
         self.failed: list[str] = []
         self.prof = self
+        self.gpu_spans: list[tuple[Any, ...]] = []
+        self.gpu_timer: Any = None
 
     def hook_failed(self, name: str, exc: BaseException) -> None:
         self.failed.append(f"{name}: {exc}")
 
 
-def _row(rid: int, seq: int, task: int, floating: int = 1, end: int = -1, error: int = 0) -> list:
-    # id, slot, seq, step, start, end, bytes, dtype, floating, graph task, error
-    return [rid, 0, seq, 7, 1000 + rid, end, 64, 6, floating, task, error]
+def _row(
+    rid: int, seq: int, task: int, floating: int = 1, end: int = -1, error: int = 0, gpu: int = -1
+) -> list:
+    # id, slot, seq, step, start, end, bytes, dtype, floating, graph task, error, GPU start, end
+    gpu_end = gpu + 500 if gpu >= 0 else -1
+    return [rid, 0, seq, 7, 1000 + rid, end, 64, 6, floating, task, error, gpu, gpu_end]
 
 
 def test_native_records_become_rows_in_flight_first_and_labelled_in_launch_order() -> None:
@@ -343,3 +356,19 @@ def test_the_kernel_is_built_at_its_first_use_and_a_failed_build_is_not_tried_ag
     native.failure_path().unlink()
     native.load()
     assert capsys.readouterr().err == "" and tries == [1, 1]
+
+
+def test_native_buckets_timed_on_the_gpu_become_gpu_spans_rows() -> None:
+    ops, recorder = _FakeOps(), _FakeRecorder()
+    recorder.gpu_timer = SimpleNamespace(timed=0, dropped_native=0, anchor_error_ns=10)
+    native = type("N", (), {"ops": ops, "dtype_name": staticmethod(lambda code: "float32")})()
+    watch = NativeBuckets(recorder, native)  # type: ignore[arg-type]
+    watch.names[0], watch._buckets[0] = "0", [-2, 0]
+    watch._gpu = 0  # as watch() sets it for a model on cuda:0
+    ops.done = [_row(0, 0, 5, end=2000, gpu=4000), _row(1, 1, 5, end=2100)]  # one not timed
+    watch.sync()
+    assert recorder.gpu_spans == [(7, "all_reduce", "collective", "0", 0, 1000, 2000, 4000, 4500)]
+    assert [r[2] for r in recorder.out] == [0, 1]  # both are collectives rows
+    timer = recorder.gpu_timer
+    assert (timer.timed, timer.dropped_native, timer.anchor_error_ns) == (1, 3, 40_000)
+    assert ops.anchors == 1  # the anchor was due: renewed on the writer's tick

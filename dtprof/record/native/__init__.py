@@ -28,7 +28,7 @@ from dtprof.errors import DtprofError
 SOURCE = Path(__file__).with_name("buckets.cpp")
 NAME = "dtprof_native"
 SLOTS = 64  # watched groups at most (kSlots in buckets.cpp)
-FIELDS = 11  # a record's columns (kFields, Record in buckets.cpp)
+FIELDS = 13  # a record's columns (kFields, Record in buckets.cpp)
 
 _loaded: Native | None = None
 _lock = threading.Lock()

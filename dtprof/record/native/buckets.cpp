@@ -12,8 +12,19 @@
 // the hot path: the step in progress, one sequence counter per watched group (Python's
 // wrapper numbers the same group's other collectives from the same counter), and, per thread,
 // a flag that says the wrapped Python API is running on it.
+//
+// With GPU timing on (set_gpu_timing), a call on CUDA tensors also gets a CUDA event on the
+// calling stream just after its launch (where the communication waits for the gradients) and
+// one in its future's callback (run on a stream made to wait for the operation's end). Such a
+// record stays in flight until drain() finds that the GPU has passed both events; it then gets
+// the GPU's times on the host's clock, through an anchor: an event recorded on an idle stream
+// and waited for by anchor(), whose host time is known to within half that wait. These are
+// c10::Events, device-generic: nothing here needs CUDA's headers, and a CPU build of torch
+// never makes one. What dtprof/record/gpu_timing.py does in Python for the other intervals.
 
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/Event.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <ATen/core/ivalue.h>
 #include <ATen/ops/empty.h>
 #include <torch/csrc/autograd/graph_task.h>
@@ -26,16 +37,21 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <cmath>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace {
 
 constexpr int64_t kSlots = 64;  // watched process groups at most
-constexpr int64_t kFields = 11;  // a record's columns, in the order of Record
+constexpr int64_t kFields = 13;  // a record's columns, in the order of Record
+constexpr size_t kMaxTimed = 20000;  // records waiting for the GPU at most (then: not timed)
+constexpr size_t kKeepAnchors = 120;
 
 struct Shared {
   int64_t step;  // the step in progress (Python writes it)
@@ -44,6 +60,16 @@ struct Shared {
 
 struct Record {
   int64_t id, slot, seq, step, start_ns, end_ns, nbytes, dtype, floating, task, error;
+  int64_t gpu_start_ns, gpu_end_ns;  // -1: not timed on the GPU
+};
+
+struct Timed {  // the CUDA events of a record timed on the GPU
+  std::optional<c10::Event> start, end;
+};
+
+struct Anchor {
+  int64_t host_ns;
+  c10::Event event;
 };
 
 Shared shared{};
@@ -58,6 +84,33 @@ std::map<int64_t, Record> inflight;  // by id: launch order
 std::vector<Record> done;
 int64_t next_id = 0;
 std::string failure;
+std::atomic<bool> gpu_timing{false};
+std::map<int64_t, Timed> timed;  // by id: the records of `inflight` timed on the GPU
+std::vector<c10::Event> spare;  // events read back, to be recorded again
+std::vector<Anchor> anchors;  // by host time
+int64_t gpu_dropped = 0;
+
+c10::Stream current_stream(c10::Device device) {
+  c10::impl::VirtualGuardImpl impl(device.type());
+  return impl.getStream(device);
+}
+
+// an event recorded now on the device's current stream (takes mu)
+c10::Event record_event(c10::Device device) {
+  std::optional<c10::Event> event;
+  {
+    std::lock_guard<std::mutex> guard(mu);
+    if (!spare.empty()) {
+      event.emplace(std::move(spare.back()));
+      spare.pop_back();
+    }
+  }
+  if (!event || event->device_type() != device.type()) {
+    event.emplace(device.type(), c10::EventFlag::BACKEND_DEFAULT);  // with timing
+  }
+  event->record(current_stream(device));
+  return std::move(*event);
+}
 
 int64_t now_ns() {
   // CLOCK_MONOTONIC: the clock of Python's time.perf_counter_ns() on Linux (checked on load)
@@ -85,18 +138,37 @@ int64_t slot_of(const c10::IValue& group) {
   return -1;
 }
 
-void completed(int64_t id, bool error) {
+// the operation's future completed (on its callback's thread and streams)
+void completed(int64_t id, bool error, std::optional<c10::Device> gpu) {
   const int64_t end = now_ns();
+  std::optional<c10::Event> end_event;
+  if (gpu && !error) {
+    try {
+      end_event.emplace(record_event(*gpu));
+    } catch (const std::exception& e) {
+      fail(std::string("timing on the GPU: ") + e.what());
+    }
+  }
   std::lock_guard<std::mutex> guard(mu);
   auto it = inflight.find(id);
   if (it == inflight.end()) {
     return;
   }
-  Record rec = it->second;
+  it->second.end_ns = end;
+  it->second.error = error ? 1 : 0;
+  auto t = timed.find(id);
+  if (t != timed.end()) {
+    if (end_event) {  // in flight until the GPU has passed it: drain() finishes it
+      t->second.end.emplace(std::move(*end_event));
+      return;
+    }
+    if (t->second.start) {
+      spare.push_back(std::move(*t->second.start));
+    }
+    timed.erase(t);
+  }
+  done.push_back(it->second);
   inflight.erase(it);
-  rec.end_ns = end;
-  rec.error = error ? 1 : 0;
-  done.push_back(rec);
 }
 
 // c10d::allreduce_(Tensor[] tensors, ProcessGroup process_group, ReduceOp reduce_op,
@@ -105,6 +177,7 @@ void kernel(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit:
   const int64_t start = now_ns();
   Record rec{};
   int64_t slot = -1;
+  std::optional<c10::Device> gpu;  // the device of a call timed on the GPU
   if (enabled.load(std::memory_order_relaxed) && api_depth == 0 && stack->size() >= 6) {
     try {
       const auto base = stack->size() - 6;
@@ -128,6 +201,10 @@ void kernel(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit:
           rec.seq = shared.seq[slot]++;
           rec.start_ns = start;
           rec.end_ns = -1;
+          rec.gpu_start_ns = rec.gpu_end_ns = -1;
+          if (first.is_cuda() && gpu_timing.load(std::memory_order_relaxed)) {
+            gpu = first.device();
+          }
         }
       }
     } catch (const std::exception& e) {
@@ -151,21 +228,39 @@ void kernel(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit:
   }
   try {
     auto work = stack->back().toCustomClass<c10d::Work>();
+    std::optional<c10::Event> start_event;
+    if (gpu) {  // the current stream, just after the launch made the communication wait for it
+      try {
+        start_event.emplace(record_event(*gpu));
+      } catch (const std::exception& e) {
+        fail(std::string("timing on the GPU: ") + e.what());
+        gpu.reset();
+      }
+    }
     int64_t id = 0;
     {
       std::lock_guard<std::mutex> guard(mu);
       id = rec.id = next_id++;
       inflight.emplace(id, rec);
+      if (start_event) {
+        if (timed.size() < kMaxTimed) {
+          timed[id].start.emplace(std::move(*start_event));
+        } else {
+          ++gpu_dropped;
+          spare.push_back(std::move(*start_event));
+          gpu.reset();
+        }
+      }
     }
     c10::intrusive_ptr<c10::ivalue::Future> future;
     try {
       future = work->getFuture();
     } catch (const std::exception&) {  // a backend without futures: the end is unknown
-      completed(id, false);
+      completed(id, false, std::nullopt);
       return;
     }
     // may run at once, on this thread, where the operation is complete already
-    future->addCallback([id](c10::ivalue::Future& f) { completed(id, f.hasError()); });
+    future->addCallback([id, gpu](c10::ivalue::Future& f) { completed(id, f.hasError(), gpu); });
   } catch (const std::exception& e) {
     fail(std::string("following the operation: ") + e.what());
   }
@@ -199,8 +294,67 @@ void install() {
   inflight.clear();
   done.clear();
   failure.clear();
+  timed.clear();
+  anchors.clear();
+  gpu_dropped = 0;
   shared = Shared{};
   enabled.store(true);
+}
+
+void set_gpu_timing(bool on) { gpu_timing.store(on); }
+
+// A new anchor on `device`: returns the bound on its host time's error, in ns.
+int64_t anchor(int64_t device_index) {
+  const c10::Device device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device_index));
+  c10::impl::VirtualGuardImpl impl(device.type());
+  const c10::Stream idle = impl.getStreamFromGlobalPool(device, /*isHighPriority=*/true);
+  c10::Event event(device.type(), c10::EventFlag::BACKEND_DEFAULT);
+  const int64_t before = now_ns();
+  event.record(idle);
+  event.synchronize();
+  const int64_t after = now_ns();
+  std::lock_guard<std::mutex> guard(mu);
+  anchors.push_back(Anchor{before + (after - before) / 2, std::move(event)});
+  if (anchors.size() > kKeepAnchors) {
+    anchors.erase(anchors.begin());
+  }
+  return (after - before + 1) / 2;
+}
+
+int64_t dropped() {
+  std::lock_guard<std::mutex> guard(mu);
+  return gpu_dropped;
+}
+
+// Under mu: the records the GPU has passed both events of, with its times, into `done`.
+void finish_timed() {
+  for (auto t = timed.begin(); t != timed.end();) {
+    Timed& events = t->second;
+    if (!events.start || !events.end || !events.end->query() || !events.start->query()) {
+      ++t;
+      continue;
+    }
+    auto it = inflight.find(t->first);
+    if (it != inflight.end() && !anchors.empty()) {
+      Record& rec = it->second;
+      // the last anchor before the call (the first one where there is none)
+      auto at = anchors.begin();
+      for (auto a = anchors.begin(); a != anchors.end() && a->host_ns <= rec.start_ns; ++a) {
+        at = a;
+      }
+      rec.gpu_start_ns = at->host_ns + std::llround(at->event.elapsedTime(*events.start) * 1e6);
+      rec.gpu_end_ns = at->host_ns + std::llround(at->event.elapsedTime(*events.end) * 1e6);
+      rec.gpu_end_ns = std::max(rec.gpu_end_ns, rec.gpu_start_ns);
+      done.push_back(rec);
+      inflight.erase(it);
+    } else if (it != inflight.end()) {  // no anchor: done, not timed
+      done.push_back(it->second);
+      inflight.erase(it);
+    }
+    spare.push_back(std::move(*events.start));
+    spare.push_back(std::move(*events.end));
+    t = timed.erase(t);
+  }
 }
 
 int64_t watch(const c10::intrusive_ptr<c10d::ProcessGroup>& group) {
@@ -235,6 +389,14 @@ at::Tensor drain() {
   std::vector<Record> out;
   {
     std::lock_guard<std::mutex> guard(mu);
+    if (!timed.empty()) {
+      try {
+        finish_timed();
+      } catch (const std::exception& e) {
+        failure = std::string("reading the GPU's times: ") + e.what();
+        enabled.store(false);
+      }
+    }
     out.swap(done);
   }
   return as_tensor(out);
@@ -269,6 +431,9 @@ at::Tensor dtype_probe(int64_t code) {
 
 TORCH_LIBRARY(dtprof_native, m) {
   m.def("install() -> ()", &install);
+  m.def("set_gpu_timing(bool on) -> ()", &set_gpu_timing);
+  m.def("anchor(int device_index) -> int", &anchor);
+  m.def("gpu_dropped() -> int", &dropped);
   m.def("watch(__torch__.torch.classes.c10d.ProcessGroup group) -> int", &watch);
   m.def("uninstall() -> ()", &uninstall);
   m.def("drain() -> Tensor", &drain);
