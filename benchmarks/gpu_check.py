@@ -1,6 +1,6 @@
 """GPU check: dtprof's CUDA path on one GPU, in a few minutes (benchmarks/gpu_check.sh runs it).
 
-    python benchmarks/gpu_check.py --out DIR [--work DIR] [--steps 50] [--rounds 4]
+    python benchmarks/gpu_check.py --out DIR [--work DIR] [--steps 50] [--rounds 6]
 
 1. **NCCL, a world of one**: a small decoder-style transformer trained with DDP (bf16 autocast)
    under ``dtprof.profile`` with everything on (phases, a user region, DDP's buckets, a
@@ -261,7 +261,9 @@ MODES: dict[str, dict[str, Any] | None] = {
     "dtprof-no-buckets": {"ddp_buckets": False},
     "dtprof-no-nvml": {"gpu_sample_interval_s": 0},
     "dtprof-no-model": {"model": None, "optimizer": None},
+    "dtprof-no-log": {"log": False},  # the loop does not call prof.log(loss=...)
 }
+GPU_BOUND_BATCH = 64  # part 3's second loop: a batch whose step the GPU, not the host, bounds
 
 
 def part_three(out: Path, steps: int, rounds: int, width: int, layers: int) -> dict[str, Any]:
@@ -280,13 +282,11 @@ def part_three(out: Path, steps: int, rounds: int, width: int, layers: int) -> d
     for _ in range(WARM):
         train_step(model, opt, tokens)
     names = list(MODES)
-    got: dict[str, dict[str, list[float]]] = {m: {} for m in names}
-    for i in range(rounds):
-        for mode in names[i % len(names) :] + names[: i % len(names)]:
-            block = timed_block(model, opt, tokens, steps, MODES[mode], out / f"trace_{i}_{mode}")
-            for key, value in block.items():
-                got[mode].setdefault(key, []).append(value)
-            print(f"overhead round {i} {mode}: {block}", file=sys.stderr, flush=True)
+    got = rotated(model, opt, tokens, steps, rounds, names, out / "launch-bound")
+    big = torch.randint(0, VOCAB, (GPU_BOUND_BATCH, SEQ + 1), device=device)
+    for _ in range(WARM):
+        train_step(model, opt, big)
+    gpu_bound = rotated(model, opt, big, steps // 3, rounds, ["bare", "dtprof"], out / "gpu-bound")
     events = [torch.cuda.Event(enable_timing=True) for _ in range(10_000)]
     t0 = time.perf_counter()
     for event in events:  # what one CUDA event costs the host (each interval records two)
@@ -297,7 +297,16 @@ def part_three(out: Path, steps: int, rounds: int, width: int, layers: int) -> d
     dist.destroy_process_group()
     medians = {m: {k: round(statistics.median(v), 3) for k, v in got[m].items()} for m in names}
     bare = medians["bare"]
+    big_ms = {m: statistics.median(v["wall_ms"]) for m, v in gpu_bound.items()}
     return {
+        "gpu_bound": {
+            "batch": GPU_BOUND_BATCH,
+            "steps_per_block": steps // 3,
+            "bare_ms": round(big_ms["bare"], 3),
+            "dtprof_ms": round(big_ms["dtprof"], 3),
+            "ratio_wall": round(big_ms["dtprof"] / big_ms["bare"], 4),
+            "blocks": gpu_bound,
+        },
         "steps_per_block": steps,
         "warm_steps_per_block": WARM,
         "rounds": rounds,
@@ -313,6 +322,26 @@ def part_three(out: Path, steps: int, rounds: int, width: int, layers: int) -> d
 WARM = 5  # steps of each block before the timed ones: profile start-up, the FLOP count
 
 
+def rotated(
+    model: nn.Module,
+    opt: torch.optim.Optimizer,
+    tokens: torch.Tensor,
+    steps: int,
+    rounds: int,
+    names: list[str],
+    out: Path,
+) -> dict[str, dict[str, list[float]]]:
+    """timed_block() of each mode, ``rounds`` times, the order rotated each round."""
+    got: dict[str, dict[str, list[float]]] = {m: {} for m in names}
+    for i in range(rounds):
+        for mode in names[i % len(names) :] + names[: i % len(names)]:
+            block = timed_block(model, opt, tokens, steps, MODES[mode], out / f"{i}_{mode}")
+            for key, value in block.items():
+                got[mode].setdefault(key, []).append(value)
+            print(f"overhead {out.name} round {i} {mode}: {block}", file=sys.stderr, flush=True)
+    return got
+
+
 def timed_block(
     model: nn.Module,
     opt: torch.optim.Optimizer,
@@ -323,10 +352,12 @@ def timed_block(
 ) -> dict[str, float]:
     prof: Any = None
     env = dict((options or {}).get("env", {}))
+    log = (options or {}).get("log", True)
     os.environ.update(env)
     if options is not None:
         kwargs: dict[str, Any] = {"model": model, "optimizer": opt, **options}
         kwargs.pop("env", None)
+        kwargs.pop("log", None)
         prof = dtprof.profile(trace, **kwargs).__enter__()
     host = {"forward_ms": 0.0, "backward_ms": 0.0, "optimizer_ms": 0.0}
     try:
@@ -349,7 +380,8 @@ def timed_block(
             host["backward_ms"] += t2 - t1
             host["optimizer_ms"] += t3 - t2
             if prof is not None:
-                prof.log(loss=loss.detach())
+                if log:
+                    prof.log(loss=loss.detach())
                 prof.step()
         torch.cuda.synchronize()
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
@@ -486,6 +518,11 @@ def table(summary: dict[str, Any]) -> str:
     keys = ["wall_ms", "cpu_ms", "forward_ms", "backward_ms", "optimizer_ms"]
     lines.append(f"{'mode':<22}" + "".join(f"{k:>14}" for k in keys) + f"{'wall x':>9}{'cpu x':>9}")
     lines.append(f"one CUDA event recorded: {o['event_record_us']} us on the host")
+    g = o["gpu_bound"]
+    lines.append(
+        f"GPU-bound loop (batch {g['batch']}): bare {g['bare_ms']} ms, dtprof {g['dtprof_ms']} "
+        f"ms a step, {g['ratio_wall']}x"
+    )
     for mode, m in o["medians"].items():
         cells = "".join(f"{m[k]:>14.3f}" for k in keys)
         ratios = f"{o['ratio_wall'][mode]:>9.3f}{o['ratio_cpu'][mode]:>9.3f}"
@@ -510,7 +547,7 @@ def main() -> None:
     p.add_argument("--out", type=Path)
     p.add_argument("--work", type=Path, help="where the traces go (default: OUT/work)")
     p.add_argument("--steps", type=int, default=50)
-    p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--width", type=int, default=1024)
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--worker", type=int)
