@@ -15,7 +15,8 @@ of milliseconds, about 1 µs precise over a few seconds, so the anchor is renewe
 
 Bounded: at most ``MAX_PENDING`` pairs wait for the GPU; beyond that (the GPU has fallen far
 behind the host) new intervals are not timed on the GPU, and meta.json counts them. Events are
-kept in a pool and recorded again once read.
+kept in a pool and recorded again once read. Nothing is recorded while the current stream is
+being captured into a CUDA graph (the hooks then run once, at capture; replays run no Python).
 
 Collectives: the start event is recorded where the call is made (the communication stream
 waits for the current stream there), the end event where the call returns for a synchronous
@@ -74,6 +75,7 @@ class GpuTimer:
         self.timed = 0
         self.dropped = 0
         self.dropped_native = 0  # DDP buckets the native kernel did not time (ddp_buckets)
+        self.captured = 0  # intervals inside a CUDA graph's capture, not timed
         self.anchor_error_ns = 0
         self._anchor()
 
@@ -82,17 +84,23 @@ class GpuTimer:
             available=True,
             timed=self.timed,
             dropped=self.dropped + self.dropped_native,
+            captured=self.captured,
             anchor_error_ns=self.anchor_error_ns,
         )
 
     # -- on the training threads
 
     def mark(self) -> torch.cuda.Event | None:
-        """An event recorded now on the current stream; None where too many pairs wait."""
+        """An event recorded now on the current stream; None where too many pairs wait, or
+        where the stream is being captured into a CUDA graph (an event recorded there would
+        belong to the graph, and a failed call would break the user's capture)."""
         if len(self._pending) >= MAX_PENDING:
             self.dropped += 1
             return None
         try:
+            if torch.cuda.is_current_stream_capturing():
+                self.captured += 1
+                return None
             event = self._free.pop() if self._free else torch.cuda.Event(enable_timing=True)
             event.record()
         except Exception as exc:  # a CUDA error: timing goes off, training goes on

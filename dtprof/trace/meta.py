@@ -113,6 +113,7 @@ class GpuTiming(msgspec.Struct, frozen=True, omit_defaults=True):
     reason: str | None = None
     timed: Count = 0  # pairs of events read back into gpu_spans
     dropped: Count = 0  # pairs not timed because too many were waiting for the GPU
+    captured: Count = 0  # intervals not timed because they ran inside a CUDA graph's capture
     anchor_error_ns: Int64 = 0  # the largest error bound of the host time of an anchor
 
 

@@ -44,6 +44,7 @@ class _Event:
 def timer(monkeypatch: pytest.MonkeyPatch) -> gpu_timing.GpuTimer:
     monkeypatch.setattr("torch.cuda.Event", _Event)
     monkeypatch.setattr("torch.cuda.Stream", lambda: object())
+    monkeypatch.setattr("torch.cuda.is_current_stream_capturing", lambda: False)
     failed: list[str] = []
     prof = SimpleNamespace(
         gpu_spans=deque(),
@@ -133,3 +134,11 @@ def test_close_waits_a_bounded_time_for_what_never_completes(timer) -> None:
     t0 = gpu_timing.now_ns()
     timer.close(timeout_s=0.05)
     assert (gpu_timing.now_ns() - t0) / 1e9 < 1.0 and not timer.out
+
+
+def test_nothing_is_recorded_into_a_cuda_graph_being_captured(timer, monkeypatch) -> None:
+    monkeypatch.setattr("torch.cuda.is_current_stream_capturing", lambda: True)
+    host = gpu_timing.now_ns()
+    timer.pair(timer.mark(), (0, "forward", "phase", None, None), host, host)
+    assert not timer._pending and timer.status().captured == 1  # its start: no pair to close
+    assert timer.prof.failed == []  # type: ignore[attr-defined]
