@@ -119,6 +119,8 @@ def extend(
         last_span=part.last_span if part.last_span.num_rows else growing.summary.last_span,
         inflight=part.inflight if inflight is not None else growing.summary.inflight,
         gpu=growing.summary.gpu,
+        # medians of the first summary: a poll's own would be rows beside them, not medians
+        gpu_timing=growing.summary.gpu_timing,
     )
     pending = held.after(last)
     nvml = _nvml(tables)
