@@ -180,6 +180,9 @@ class NativeBuckets:
         while self.ops.pending().shape[0] and comms.now_ns() < deadline:
             time.sleep(0.005)
             self.sync()  # a bucket timed on the GPU is done once drained
+        if self._gpu is not None:
+            self.ops.release_gpu()  # what the GPU never passed: done, without its times
+            self.sync()
 
     def set_step(self, step: int) -> None:
         self.native.shared[0] = step

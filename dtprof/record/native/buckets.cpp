@@ -321,6 +321,23 @@ int64_t anchor(int64_t device_index) {
   return (after - before + 1) / 2;
 }
 
+// The CUDA events let go of (after uninstall, once the GPU times have been drained): records
+// still waiting for the GPU are done without its times. None is left for the static
+// destructors at exit, which may run after CUDA has gone.
+void release_gpu() {
+  std::lock_guard<std::mutex> guard(mu);
+  for (auto& kv : timed) {
+    auto it = inflight.find(kv.first);
+    if (it != inflight.end() && it->second.end_ns >= 0) {
+      done.push_back(it->second);
+      inflight.erase(it);
+    }
+  }
+  timed.clear();
+  spare.clear();
+  anchors.clear();
+}
+
 int64_t dropped() {
   std::lock_guard<std::mutex> guard(mu);
   return gpu_dropped;
@@ -434,6 +451,7 @@ TORCH_LIBRARY(dtprof_native, m) {
   m.def("set_gpu_timing(bool on) -> ()", &set_gpu_timing);
   m.def("anchor(int device_index) -> int", &anchor);
   m.def("gpu_dropped() -> int", &dropped);
+  m.def("release_gpu() -> ()", &release_gpu);
   m.def("watch(__torch__.torch.classes.c10d.ProcessGroup group) -> int", &watch);
   m.def("uninstall() -> ()", &uninstall);
   m.def("drain() -> Tensor", &drain);
