@@ -33,6 +33,9 @@ def _physical_index(local_index: int) -> int:
     return local_index
 
 
+NOT_CUDA = "the job does not use CUDA"
+
+
 class NvmlSampler:
     """Samples NVML for the rank's device; ``status`` records whether and why not."""
 
@@ -52,8 +55,8 @@ class NvmlSampler:
             return
         if not torch.cuda.is_initialized():
             # NVML would not create a CUDA context, but current_device() would: a CPU job on a
-            # GPU machine keeps none
-            self.status = Nvml(available=False, reason="the job does not use CUDA")
+            # GPU machine keeps none (profile.attach() tries again once a model is on CUDA)
+            self.status = Nvml(available=False, reason=NOT_CUDA)
             return
         try:
             import pynvml

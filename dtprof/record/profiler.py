@@ -268,8 +268,7 @@ class Profiler:
         self._removers["collectives"] = [self.comms.uninstall]
         self._start_gpu_timer(self.model)
         self._attach(self.model, self.optimizer, self.pipeline)
-        self.gpu = gpu.NvmlSampler(self, self.gpu_sample_interval_s)
-        self.note_meta(nvml=self.gpu.status, gpm=self.gpu.gpm_status)
+        self._start_nvml()
         self.watchdog = watchdog.Watchdog(self, self.hang_timeout_s)
         self.writer.add_tick_hook(self._tick)
         self.write_meta()
@@ -357,9 +356,16 @@ class Profiler:
             finally:
                 self.note_meta(gpu_timing=timer.status())
 
+    def _start_nvml(self) -> None:
+        self.gpu = gpu.NvmlSampler(self, self.gpu_sample_interval_s)
+        self.note_meta(nvml=self.gpu.status, gpm=self.gpu.gpm_status)
+
     def _attach(self, model: Any, optimizer: Any, schedule: Any) -> None:
-        if model is not None and self.active:  # given by attach(): it may be on CUDA
+        if model is not None and self.active:  # given by attach() (dtprof run): it may be the
+            # first sign that the job uses CUDA, which recording started too early to see
             self._start_gpu_timer(model)
+            if self.gpu.status.reason == gpu.NOT_CUDA and torch.cuda.is_initialized():
+                self._start_nvml()
         if model is not None:
             self.model = model
             self.note_meta(model_kind=phases.model_kind(model))
