@@ -286,6 +286,24 @@ def comm_bound(trace: Trace) -> str:
     )
 
 
+def gpu_straggler(trace: Trace, rank: int, extra_ms: float) -> str:
+    """CUDA events show ``rank``'s forward ``extra_ms`` longer on the GPU, while its host time
+    (the launch) is like the others'."""
+    _need(len(trace.gpu_spans), "no gpu_spans: not timed on a GPU")
+    spans = _after_warmup(trace.gpu_spans)
+    forward = spans[(spans["kind"] == "phase") & (spans["name"] == "forward")]
+    gpu = ((forward["gpu_end_ns"] - forward["gpu_start_ns"]) / 1e6).groupby(forward["rank"])
+    host = _ms(forward).groupby(forward["rank"]).median()
+    gpu_ms = gpu.median()
+    others = gpu_ms.drop(rank)
+    _need(
+        gpu_ms[rank] >= others.max() + 0.8 * extra_ms,
+        f"rank {rank}'s forward on the GPU is not {extra_ms} ms longer: {_by_rank(gpu_ms)}",
+    )
+    _need(host.max() < 0.5 * extra_ms, f"the host's forward is not a launch: {_by_rank(host)}")
+    return f"forward on the GPU ms {_by_rank(gpu_ms, 1)}; on the host ms {_by_rank(host, 1)}"
+
+
 def crash_at_start(trace: Trace, rank: int) -> str:
     """``rank`` raised before its first step; the others failed in the collective it left."""
     exception = trace.meta[rank].exception

@@ -47,13 +47,16 @@ class Sample:
     options: str
     evidence: Callable[[Trace], str]
     crashes: bool = False  # the job fails by design: its ranks exit with errors
+    recorded_on: str = ""  # a machine this one is not (a GPU's): the job cannot run here
 
     @property
     def args(self) -> list[str]:
         return shlex.split(self.options)
 
     def command(self, trace_dir: str) -> str:
-        """The same job as one torchrun command line."""
+        """The same job as one torchrun command line (or how it was recorded elsewhere)."""
+        if self.recorded_on:
+            return f"recorded on {self.recorded_on}: {self.options}"
         argv = ["torchrun", "--nproc-per-node", str(self.world_size), "-m", "dtprof.jobs.worker"]
         return shlex.join([*argv, self.situation, "--trace", trace_dir, *self.args])
 
@@ -124,6 +127,14 @@ SAMPLES = (
         partial(evidence.crash_at_start, rank=1),
         crashes=True,
     ),
+    Sample(
+        "gpu-straggler",
+        "gpu_check",
+        2,
+        "bash benchmarks/gpu_check.sh (part 2: two processes sharing the GPU over gloo)",
+        partial(evidence.gpu_straggler, rank=1, extra_ms=30.0),
+        recorded_on="an NVIDIA H200 (torch 2.11.0+cu130)",
+    ),
 )
 
 
@@ -133,6 +144,10 @@ class Failed(Exception):
 
 def make(sample: Sample, out: Path) -> str:
     """Record ``sample`` into ``out/<name>``, replacing the old folder; returns its evidence."""
+    if sample.recorded_on:
+        raise Failed(
+            f"{sample.name}: recorded on {sample.recorded_on}, not here ({sample.options})"
+        )
     target = out / sample.name
     fresh = out / f".{sample.name}.new"
     shutil.rmtree(fresh, ignore_errors=True)
@@ -199,6 +214,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{sample.name}: {sample.command(str(args.out / sample.name))}")
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
+    if not args.only:  # all of them: those recorded on another machine stay as they are
+        for sample in chosen:
+            if sample.recorded_on:
+                print(f"{sample.name}: recorded on {sample.recorded_on}, kept", file=sys.stderr)
+        chosen = [s for s in chosen if not s.recorded_on]
     for i, sample in enumerate(chosen, 1):
         print(f"[{i}/{len(chosen)}] {sample.name} ...", file=sys.stderr, flush=True)
         started = time.monotonic()

@@ -554,6 +554,8 @@ GOLDEN = {
     "comm-bound-ddp": [("communication-bound", [0, 1, 2, 3], 4)],
     "slow-link": [("slow-link", [2, 3], 4)],
     "crash-at-start": [("rank-stopped", [1], 0), ("rank-stopped", [0, 2, 3], 0)],
+    # recorded on a GPU: the straggler is seen in the GPU's times only
+    "gpu-straggler": [("straggler", [1], 3), ("communication-bound", [1], 3)],
 }
 
 
