@@ -2,7 +2,9 @@
 
 Layout: one process per rank (``pid`` = rank, named ``rank N``), sorted by rank; tracks
 (``tid``) within it: 1 steps, 2 phases and regions (pipeline actions on 3), 4 collectives on
-the host, and one track per GPU stream (``tid`` = 1000 + stream: ``stream N compute``...).
+the host; a recorded CUDA job's GPU times (``gpu_spans``) on 5 (phases and regions) and 6
+(collectives), beside the host's launches; and one track per GPU stream of an imported
+profiler trace (``tid`` = 1000 + stream: ``stream N compute``...).
 Steps, spans, collectives and kernels are complete events (``ph: X``); the same collective on
 every rank, matched by (group, seq), is linked by a flow (``ph: s`` on the first rank to enter,
 ``ph: f`` on each other), with ids unique across the file. Times are microseconds (floats, ns
@@ -25,8 +27,10 @@ from dtprof.errors import DtprofError
 from dtprof.trace.reader import Trace, load_trace
 
 STEP_TID, SPAN_TID, PIPE_TID, COLL_TID, STREAM_TID0 = 1, 2, 3, 4, 1000
+GPU_SPAN_TID, GPU_COLL_TID = 5, 6
 TRACK_NAMES = {STEP_TID: "steps", SPAN_TID: "phases and regions", PIPE_TID: "pipeline",
                COLL_TID: "collectives (host)"}  # fmt: skip
+GPU_TRACK_NAMES = {GPU_SPAN_TID: "phases and regions (GPU)", GPU_COLL_TID: "collectives (GPU)"}
 
 
 def _complete(
@@ -91,6 +95,7 @@ def _flows(coll: pd.DataFrame, t0: int) -> list[dict[str, Any]]:
 
 def _metadata(trace: Trace, streams: pd.DataFrame) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
+    gpu_ranks = set(trace.gpu_spans["rank"].tolist()) if not trace.gpu_spans.empty else set()
     for rank in sorted(int(r) for r in trace.ranks["rank"]):
         meta = trace.meta.get(rank)
         label = f"rank {rank}" + (f" ({meta.host})" if meta and meta.host else "")
@@ -98,7 +103,10 @@ def _metadata(trace: Trace, streams: pd.DataFrame) -> list[dict[str, Any]]:
                     "args": {"name": label}})  # fmt: skip
         out.append({"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0,
                     "args": {"sort_index": rank}})  # fmt: skip
-        for tid, name in TRACK_NAMES.items():
+        names = dict(TRACK_NAMES)
+        if rank in gpu_ranks:
+            names.update(GPU_TRACK_NAMES)
+        for tid, name in names.items():
             out.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid,
                         "args": {"name": name}})  # fmt: skip
     for row in streams.itertuples():
@@ -130,6 +138,14 @@ def chrome_events(trace: Trace) -> list[dict[str, Any]]:
              "step": coll["step"]},
         )  # fmt: skip
         events += _flows(coll, t0)
+    gpu = trace.gpu_spans
+    if not gpu.empty:
+        on_gpu = gpu.assign(start_ns=gpu["gpu_start_ns"], end_ns=gpu["gpu_end_ns"])
+        tid = np.where(gpu["kind"].to_numpy() == "collective", GPU_COLL_TID, GPU_SPAN_TID)
+        launch_us = (gpu["gpu_start_ns"] - gpu["start_ns"]) / 1000.0
+        events += _complete(on_gpu, t0, tid, gpu["name"], "gpu",
+                            {"kind": gpu["kind"], "step": gpu["step"],
+                             "launch_queue_us": launch_us})  # fmt: skip
     kernels = trace.kernels
     streams = pd.DataFrame(columns=["rank", "device", "stream", "tid"])
     if not kernels.empty:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from dtprof.cli import main
-from dtprof.trace.chrome import COLL_TID, STREAM_TID0
+from dtprof.trace.chrome import COLL_TID, GPU_COLL_TID, GPU_SPAN_TID, SPAN_TID, STREAM_TID0
 from tests import kinetobuild as kb
 from tests.tracebuild import rank_meta, write_rank
 
@@ -58,6 +58,29 @@ def test_native_trace_exports_processes_tracks_slices_and_flows(tmp_path: Path) 
     assert all(e["tid"] == COLL_TID for e in events if e["ph"] in "sf")
     first_step = min(e["ts"] for e in events if e.get("cat") == "step")
     assert first_step == 0.0  # times from the earliest event, aligned across ranks
+
+
+GPU_SAMPLE = Path(__file__).resolve().parents[2] / "sample_traces" / "gpu-straggler"
+
+
+@pytest.mark.skipif(not GPU_SAMPLE.exists(), reason="no sample traces")
+def test_a_cuda_jobs_gpu_times_get_tracks_beside_the_hosts(tmp_path: Path) -> None:
+    out = tmp_path / "gpu.json"
+    assert main(["export", str(GPU_SAMPLE), "--chrome", str(out)]) == 0
+    events = _load(out)
+    tracks = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["name"] == "thread_name"}
+    assert tracks[(1, GPU_SPAN_TID)] == "phases and regions (GPU)"
+    assert tracks[(1, GPU_COLL_TID)] == "collectives (GPU)"
+
+    def forward_ms(tid: int) -> float:
+        durations = sorted(
+            e["dur"] for e in events if (e["pid"], e["tid"], e["name"]) == (1, tid, "forward")
+        )
+        return durations[len(durations) // 2] / 1000
+
+    # rank 1's forward: a launch of a few ms on the host, 30 ms more of work on the GPU
+    assert forward_ms(SPAN_TID) < 10 and forward_ms(GPU_SPAN_TID) > 30
+    assert any(e["tid"] == GPU_COLL_TID and e["name"] == "all_reduce" for e in events)
 
 
 def test_imported_profiler_traces_export_gpu_streams_gzipped(
