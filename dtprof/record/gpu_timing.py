@@ -101,7 +101,10 @@ class GpuTimer:
             if torch.cuda.is_current_stream_capturing():
                 self.captured += 1
                 return None
-            event = self._free.pop() if self._free else torch.cuda.Event(enable_timing=True)
+            try:
+                event = self._free.pop()  # atomic: another thread may take the last one
+            except IndexError:
+                event = torch.cuda.Event(enable_timing=True)
             event.record()
         except Exception as exc:  # a CUDA error: timing goes off, training goes on
             self.prof.hook_failed("gpu-timing", exc)
