@@ -141,7 +141,10 @@ class GpuTimer:
             self._anchor()
         pending = self._pending
         for _ in range(len(pending)):  # those appended meanwhile wait for the next drain
-            item = pending.popleft()
+            try:
+                item = pending.popleft()
+            except IndexError:  # the writer's tick and close() at exit both drained it
+                break
             start, end = item[0], item[1]
             if not (end.query() and start.query()):
                 pending.append(item)
