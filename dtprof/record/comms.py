@@ -382,7 +382,10 @@ class CommRecorder:
 
     def _gpu_end(self, token: int, record: tuple[Any, ...], end: int, error: bool) -> None:
         """The GPU end of a CUDA operation: an event on the current stream, which waits for the
-        operation (a synchronous call has returned, or its future's callback runs)."""
+        operation (a synchronous call has returned, or its future's callback runs). Until the
+        GPU has passed it, the operation stays in flight: on NCCL the host is done at once,
+        and a collective that hangs hangs on the GPU, where the hang watchdog and inflight.json
+        must see it."""
         event = self._gpu_events.pop(token, None)
         timer = self.prof.gpu_timer
         if event is None or timer is None:
@@ -391,7 +394,10 @@ class CommRecorder:
             timer.release(event)
             return
         step, gname, seq, op = record[:4]
-        timer.pair(event, (step, op, "collective", gname, seq), record[7], end)
+        head = (step, op, "collective", gname, seq)
+        self.inflight[token] = record
+        if not timer.pair(event, head, record[7], end, partial(self.inflight.pop, token, None)):
+            self.inflight.pop(token, None)
 
     def launched(
         self, group: Any, tensors: list[torch.Tensor], start: int, label: str, work: Any

@@ -30,6 +30,7 @@ from __future__ import annotations
 import bisect
 import collections
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -107,6 +108,7 @@ class GpuTimer:
                 event = torch.cuda.Event(enable_timing=True)
             event.record()
         except Exception as exc:  # a CUDA error: timing goes off, training goes on
+            self.abandon()
             self.prof.hook_failed("gpu-timing", exc)
             return None
         return event
@@ -117,16 +119,19 @@ class GpuTimer:
         head: tuple[Any, ...],
         host_start: int,
         host_end: int,
-    ) -> None:
+        done: Callable[[], object] | None = None,
+    ) -> bool:
         """Close the interval that ``start`` opened with an event recorded now; ``head`` is the
-        row's (step, name, kind, group, seq)."""
+        row's (step, name, kind, group, seq). ``done`` is called on the writer thread once the
+        GPU has passed it. False where it is not timed (then ``done`` is never called)."""
         if start is None:
-            return
+            return False
         end = self.mark()
         if end is None:
             self._free.append(start)
-            return
-        self._pending.append((start, end, head, host_start, host_end))
+            return False
+        self._pending.append((start, end, head, host_start, host_end, done))
+        return True
 
     def release(self, start: torch.cuda.Event | None) -> None:
         """An interval that will not be closed (its operation failed)."""
@@ -152,9 +157,21 @@ class GpuTimer:
             self._write(*item)
         self.prof.note_meta(gpu_timing=self.status())
 
+    def abandon(self) -> None:
+        """Timing has failed: what waits for the GPU is let go untimed, and the operations among
+        it leave flight (the host saw them complete; nothing will say when the GPU did)."""
+        while True:
+            try:
+                item = self._pending.popleft()
+            except IndexError:
+                return
+            if item[5] is not None:
+                item[5]()
+
     def close(self, timeout_s: float = 2.0) -> None:
         """Drain, waiting up to ``timeout_s`` for what is still queued on the GPU (no longer: a
-        collective that never completes keeps its pair, and exit goes on)."""
+        collective that never completes keeps its pair, stays in flight for inflight.json, and
+        exit goes on)."""
         deadline = now_ns() + int(timeout_s * 1e9)
         self.drain()
         while self._pending and now_ns() < deadline:
@@ -168,6 +185,7 @@ class GpuTimer:
         head: tuple[Any, ...],
         host_start: int,
         host_end: int,
+        done: Callable[[], object] | None,
     ) -> None:
         at = max(0, bisect.bisect_right(self._anchor_host, host_start) - 1)
         anchor, base = self._anchor_event[at], self._anchor_host[at]
@@ -177,6 +195,8 @@ class GpuTimer:
         self._free.append(start)
         self._free.append(end)
         self.timed += 1
+        if done is not None:
+            done()
 
     def _anchor(self) -> None:
         event = torch.cuda.Event(enable_timing=True)

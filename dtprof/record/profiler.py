@@ -499,6 +499,7 @@ class Profiler:
         try:
             timer.drain()
         except Exception as exc:
+            timer.abandon()
             self.hook_failed("gpu-timing", exc)
 
     def _resolve_pending_scalars(self) -> None:

@@ -8,10 +8,12 @@ turn each pair into the GPU's times on the host's clock, only once both have com
 from __future__ import annotations
 
 from collections import deque
+from functools import partial
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import torch
 
 from dtprof.record import gpu_timing
 
@@ -142,3 +144,42 @@ def test_nothing_is_recorded_into_a_cuda_graph_being_captured(timer, monkeypatch
     timer.pair(timer.mark(), (0, "forward", "phase", None, None), host, host)
     assert not timer._pending and timer.status().captured == 1  # its start: no pair to close
     assert timer.prof.failed == []  # type: ignore[attr-defined]
+
+
+def test_done_is_called_once_the_gpu_has_passed_and_on_abandon_for_the_rest(timer) -> None:
+    called: list[str] = []
+    host = gpu_timing.now_ns()
+    for name in ("passed", "waiting"):
+        start = timer.mark()
+        assert timer.pair(
+            start, (0, name, "collective", "0", 0), host, host, partial(called.append, name)
+        )
+    first = timer._pending[0]
+    first[0].done = first[1].done = True
+    timer.drain()
+    assert called == ["passed"]
+    timer.abandon()  # timing failed: the rest leave flight, untimed
+    assert called == ["passed", "waiting"] and not timer._pending and len(timer.out) == 1
+
+
+def test_a_cuda_collective_stays_in_flight_until_the_gpu_has_passed_it(timer, monkeypatch) -> None:
+    """On NCCL the host is done with a collective at once; a hang is on the GPU."""
+    from dtprof.record import comms
+
+    monkeypatch.setattr(comms, "_on_cuda", lambda payload: True)
+    prof = timer.prof
+    prof.rank, prof.collectives, prof.step_index, prof.gpu_timer = 0, deque(), 3, timer
+    recorder = comms.CommRecorder(prof)  # type: ignore[arg-type]
+    recorder.group_name = lambda group: "0"  # type: ignore[method-assign]
+    call = comms._Call(
+        lambda tensor, group=None, async_op=False: None, "all_reduce", "tensor", None
+    )
+    token = recorder._enter(call, (torch.ones(4),), {})
+    recorder._complete(token)  # the call returned: done on the host
+    assert len(prof.collectives) == 1 and [op.seq for op in recorder.inflight_snapshot()] == [0]
+    start, end = timer._pending[0][:2]
+    start.done = end.done = True
+    timer.drain()  # the GPU has passed it
+    assert recorder.inflight_snapshot() == []
+    (row,) = timer.out
+    assert row[:5] == (3, "all_reduce", "collective", "0", 0)
