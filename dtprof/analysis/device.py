@@ -15,11 +15,12 @@ SLOW_CLOCK = 0.95  # a median SM clock at or below this share of the other ranks
 HELD_SHARE = 0.2  # a slowdown reason in at least this share of a rank's samples is named
 
 
-def clock_note(device: pa.Table, rank: int, first: int, last: int) -> str | None:
-    """How ``rank``'s GPU clocks differed from the others' in steps first..last, as words
-    ("its SM clock was 1,410 MHz against 1,980 MHz on the other ranks; held down by hardware
-    thermal slowdown in 62% of its samples"), or None where NVML saw nothing unusual (or was
-    not sampled: CPU jobs)."""
+def clock_note(device: pa.Table, rank: int, first: int, last: int) -> tuple[bool, str] | None:
+    """What NVML saw of ``rank``'s GPU clocks in steps first..last: (True, how they were held
+    down: "its SM clock was 1,410 MHz against 1,980 MHz on the other ranks; the driver held its
+    clocks down by hardware thermal slowdown in 62% of its samples"), or (False, that they were
+    not: "its SM clock was 1,980 MHz, the other ranks' 1,980 MHz, and no slowdown reason held
+    it down"), or None where NVML did not sample that rank (CPU jobs)."""
     if not device.num_rows:
         return None
     step = values(device, "step")
@@ -29,14 +30,15 @@ def clock_note(device: pa.Table, rank: int, first: int, last: int) -> str | None
     notes = []
     clock = metric == "gpu_sm_clock_mhz"
     own = value[clock & (ranks == rank)]
+    if not len(own):
+        return None
+    own_mhz = float(np.median(own))
     others = [np.median(value[clock & (ranks == r)]) for r in np.unique(ranks[clock]) if r != rank]
-    if len(own) and others:
-        own_mhz, others_mhz = float(np.median(own)), float(np.median(others))
-        if own_mhz <= SLOW_CLOCK * others_mhz:
-            notes.append(
-                f"its SM clock was {own_mhz:,.0f} MHz against {others_mhz:,.0f} MHz on the "
-                "other ranks"
-            )
+    others_mhz = float(np.median(others)) if others else None
+    if others_mhz is not None and own_mhz <= SLOW_CLOCK * others_mhz:
+        notes.append(
+            f"its SM clock was {own_mhz:,.0f} MHz against {others_mhz:,.0f} MHz on the other ranks"
+        )
     masks = value[(metric == "gpu_clock_reasons") & (ranks == rank)].astype(np.int64)
     held = [
         (float(np.mean((masks & bit) != 0)), name)
@@ -47,4 +49,7 @@ def clock_note(device: pa.Table, rank: int, first: int, last: int) -> str | None
              if share >= HELD_SHARE]  # fmt: skip
     if named:
         notes.append(f"the driver held its clocks down by {', '.join(named)} of its samples")
-    return "; ".join(notes) or None
+    if notes:
+        return True, "; ".join(notes)
+    beside = f", the other ranks' {others_mhz:,.0f} MHz" if others_mhz is not None else ""
+    return False, f"its SM clock was {own_mhz:,.0f} MHz{beside}, and no slowdown reason held it"

@@ -88,9 +88,16 @@ def test_a_throttled_gpu_is_named_in_the_suggestion(tmp_path: Path) -> None:
     assert "software power cap in 100%" in finding.suggestion
 
 
-def test_a_slow_rank_with_normal_clocks_keeps_the_general_suggestion(tmp_path: Path) -> None:
+def test_a_slow_rank_at_full_clocks_is_said_not_throttled(tmp_path: Path) -> None:
     normal = [("gpu_sm_clock_mhz", 1980.0), ("gpu_clock_reasons", 0.0)]
     _gpu_job(tmp_path, {0: 20.0, 1: 30.0, 2: 20.0}, dict.fromkeys(range(WORLD), normal))
+    (finding,) = [f for f in analyze(tmp_path).findings if f.code == "straggler"]
+    assert finding.suggestion.startswith("rank 1's GPU is not throttled (its SM clock was 1,980")
+    assert finding.evidence["gpu_throttled"] is False
+
+
+def test_without_nvml_samples_the_suggestion_is_the_general_one(tmp_path: Path) -> None:
+    _gpu_job(tmp_path, {0: 20.0, 1: 30.0, 2: 20.0})
     (finding,) = [f for f in analyze(tmp_path).findings if f.code == "straggler"]
     assert "throttled" not in finding.suggestion and "gpu_clocks" not in finding.evidence
     assert finding.suggestion.startswith("look at rank 1's host")

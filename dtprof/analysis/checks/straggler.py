@@ -370,7 +370,9 @@ def _finding(
     host = run.meta[suspect].host or "?"
     matched = int(culprits.sum())
     last_share = float(arr.last_share.get(suspect, 0.0))
-    clocks = clock_note(run.device, suspect, first, last)  # None without NVML samples (CPU)
+    # what NVML saw of its GPU's clocks (None: not sampled, as on CPU)
+    clocks = clock_note(run.device, suspect, first, last)
+    throttled = clocks is not None and clocks[0]
     if chronic:
         severity = "error" if slowdown >= ERROR_SLOWDOWN else "warning"
         message = (
@@ -383,10 +385,15 @@ def _finding(
             f"look at rank {suspect}'s host ({host}) and device: clocks and temperature "
             "(NVML samples), another process on it, or larger inputs on that rank"
         )
-        if clocks:
+        if clocks is not None and throttled:
             suggestion = (
-                f"rank {suspect}'s GPU is throttled ({clocks}): look at its cooling and power "
-                f"limit on {host} (nvidia-smi -q -d PERFORMANCE), or leave that GPU out"
+                f"rank {suspect}'s GPU is throttled ({clocks[1]}): look at its cooling and "
+                f"power limit on {host} (nvidia-smi -q -d PERFORMANCE), or leave that GPU out"
+            )
+        elif clocks is not None:
+            suggestion = (
+                f"rank {suspect}'s GPU is not throttled ({clocks[1]}): look at what else runs "
+                f"on it or on its host ({host}), or larger inputs on that rank"
             )
     else:
         severity = "warning"
@@ -401,10 +408,10 @@ def _finding(
             "a checkpoint or evaluation on that rank, another job, thermal throttling (NVML "
             "samples), a garbage collection"
         )
-        if clocks:
+        if clocks is not None and throttled:
             suggestion = (
-                f"rank {suspect}'s GPU was throttled in steps {first}-{last} ({clocks}): look at "
-                f"its cooling and power on {host} (nvidia-smi -q -d PERFORMANCE)"
+                f"rank {suspect}'s GPU was throttled in steps {first}-{last} ({clocks[1]}): "
+                f"look at its cooling and power on {host} (nvidia-smi -q -d PERFORMANCE)"
             )
     return Finding(
         code="straggler",
@@ -421,7 +428,7 @@ def _finding(
             **rates,
             **if_fixed,
             "chronic": chronic,
-            **({"gpu_clocks": clocks} if clocks else {}),
+            **({"gpu_clocks": clocks[1], "gpu_throttled": throttled} if clocks else {}),
             "last_arrival_share": round(last_share, 4),
             "steps_last": round(share, 4),
             "collectives_matched": matched,
