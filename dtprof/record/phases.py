@@ -118,16 +118,15 @@ class PhaseHooks:
 
     def _forward_pre(self, module: Any, args: Any, kwargs: Any) -> None:
         t = now_ns()
-        prof = self.prof
         try:
             if self.data_from_ns is not None:
+                prof = self.prof
                 self.spans.append(
                     (prof.step_index, "data", "phase", self.data_from_ns, t, 0, None, None)
                 )
                 self.data_from_ns = None
             self._fwd_start = t
-            if prof.gpu_timer is not None:
-                self._fwd_event = prof.gpu_timer.mark()
+            self._fwd_event = self._mark()
             self.work.forward_begins(module, args, kwargs)
         except Exception as exc:
             self.prof.hook_failed("phases", exc)
@@ -137,13 +136,8 @@ class PhaseHooks:
         try:
             if self.work.counter is not None:
                 self.work.forward_ends()
-            step = self.prof.step_index
-            self.spans.append((step, "forward", "phase", self._fwd_start, t, 0, None, None))
-            timer = self.prof.gpu_timer
-            if timer is not None:
-                head = (step, "forward", "phase", None, None)
-                timer.pair(self._fwd_event, head, self._fwd_start, t)
-                self._fwd_event = None
+            self._phase_ends("forward", self._fwd_start, t, self._fwd_event)
+            self._fwd_event = None
             if torch.is_grad_enabled():
                 # a hook on the node that makes each output: called as its gradient arrives
                 leaves = (output,) if isinstance(output, torch.Tensor) else tree_leaves(output)
@@ -161,9 +155,7 @@ class PhaseHooks:
         try:
             if self._bwd_start is None:
                 self._bwd_start = now_ns()
-                timer = self.prof.gpu_timer
-                if timer is not None:
-                    self._bwd_event = timer.mark()
+                self._bwd_event = self._mark()
                 torch.autograd.Variable._execution_engine.queue_callback(self._backward_ends)
         except Exception as exc:
             self.prof.hook_failed("phases", exc)
@@ -173,12 +165,8 @@ class PhaseHooks:
         try:
             start, self._bwd_start = self._bwd_start, None
             if start is not None:
-                step = self.prof.step_index
-                self.spans.append((step, "backward", "phase", start, t, 0, None, None))
-                timer = self.prof.gpu_timer
-                if timer is not None:
-                    timer.pair(self._bwd_event, (step, "backward", "phase", None, None), start, t)
-                    self._bwd_event = None
+                self._phase_ends("backward", start, t, self._bwd_event)
+                self._bwd_event = None
         except Exception as exc:
             self.prof.hook_failed("phases", exc)
 
@@ -214,18 +202,26 @@ class PhaseHooks:
     def _mark_optimizer(self) -> None:
         timer = self.prof.gpu_timer
         if timer is not None:
-            timer.release(self._opt_event)
-            self._opt_event = timer.mark()
+            timer.release(self._opt_event)  # a closure's start replaces the step's
+        self._opt_event = self._mark()
 
     def _optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         t = now_ns()
         try:
-            step = self.prof.step_index
-            self.spans.append((step, "optimizer", "phase", self._opt_start, t, 0, None, None))
-            timer = self.prof.gpu_timer
-            if timer is not None:
-                head = (step, "optimizer", "phase", None, None)
-                timer.pair(self._opt_event, head, self._opt_start, t)
-                self._opt_event = None
+            self._phase_ends("optimizer", self._opt_start, t, self._opt_event)
+            self._opt_event = None
         except Exception as exc:
             self.prof.hook_failed("phases", exc)
+
+    def _mark(self) -> Any:
+        """Where a phase begins on the GPU: a CUDA event on a CUDA job, else None."""
+        timer = self.prof.gpu_timer
+        return timer.mark() if timer is not None else None
+
+    def _phase_ends(self, name: str, start: int, end: int, event: Any) -> None:
+        """A phase's span, and on a CUDA job its GPU time (``event``: where it began there)."""
+        step = self.prof.step_index
+        self.spans.append((step, name, "phase", start, end, 0, None, None))
+        timer = self.prof.gpu_timer
+        if timer is not None:
+            timer.pair(event, (step, name, "phase", None, None), start, end)
