@@ -37,6 +37,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from dtprof.record import comms
+from dtprof.record.gpu_timing import ANCHOR_EVERY_S
 
 if TYPE_CHECKING:
     from dtprof.record.comms import CommRecorder
@@ -216,8 +217,6 @@ class NativeBuckets:
 
     def _anchor(self) -> None:
         """A new anchor for the GPU times (every gpu_timing.ANCHOR_EVERY_S)."""
-        from dtprof.record.gpu_timing import ANCHOR_EVERY_S
-
         error = int(self.ops.anchor(self._gpu))
         self._next_anchor_ns = comms.now_ns() + int(ANCHOR_EVERY_S * 1e9)
         timer = self.recorder.prof.gpu_timer

@@ -33,6 +33,7 @@ def _physical_index(local_index: int) -> int:
     return local_index
 
 
+NO_CUDA = "no CUDA device in this process"
 NOT_CUDA = "the job does not use CUDA"
 
 
@@ -51,7 +52,7 @@ class NvmlSampler:
             self.status = Nvml(available=False, reason="off (gpu_sample_interval_s <= 0)")
             return
         if not torch.cuda.is_available():
-            self.status = Nvml(available=False, reason="no CUDA device in this process")
+            self.status = Nvml(available=False, reason=NO_CUDA)
             return
         if not torch.cuda.is_initialized():
             # NVML would not create a CUDA context, but current_device() would: a CPU job on a

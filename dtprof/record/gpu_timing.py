@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from dtprof.record.gpu import NO_CUDA, NOT_CUDA
 from dtprof.trace.meta import GpuTiming
 
 if TYPE_CHECKING:
@@ -54,12 +55,12 @@ def wanted(prof: Profiler, model: Any) -> str | None:
     if not prof.gpu_timing:
         return "off (gpu_timing=False)"
     if not torch.cuda.is_available():
-        return "no CUDA device in this process"
+        return NO_CUDA
     if torch.cuda.is_initialized():
         return None
     if model is not None and any(p.is_cuda for p in model.parameters()):
         return None
-    return "the job does not use CUDA"
+    return NOT_CUDA
 
 
 class GpuTimer:
