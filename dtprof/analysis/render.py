@@ -120,6 +120,7 @@ def _markdown_table(
 
 
 GPU_TIMING_TITLE = "timed on the GPU (CUDA events), medians per rank:"
+BANDWIDTH_TITLE = "collective bandwidth (the calls that took longest in all first):"
 
 NO_STEPS = "no training steps (no ProfilerStep#N): the GPU figures cover the whole trace"
 
@@ -149,12 +150,7 @@ def text(report: Report) -> str:
         lines += [NO_STEPS, ""]
     headers, cells_of_bw, notes = _bandwidth(report)
     if cells_of_bw:
-        bw = [max(len(h), *(len(c[i]) for c in cells_of_bw)) for i, h in enumerate(headers)]
-        lines.append("collective bandwidth (the calls that took longest in all first):")
-        lines.append("  ".join(h.rjust(w) for h, w in zip(headers, bw, strict=True)))
-        for cells in cells_of_bw:
-            lines.append("  ".join(c.rjust(w) for c, w in zip(cells, bw, strict=True)))
-        lines += [f"({'; '.join(notes)})", ""]
+        lines += _text_table(BANDWIDTH_TITLE, headers, cells_of_bw, "; ".join(notes))
     if _gpu_cells(report):
         gw = [max(len(h), 8) for h in _GPU_HEADERS]
         lines.append("  ".join(h.rjust(w) for h, w in zip(_GPU_HEADERS, gw, strict=True)))
@@ -199,11 +195,9 @@ def markdown(report: Report) -> str:
         lines += [NO_STEPS, ""]
     headers, cells_of_bw, notes = _bandwidth(report)
     if cells_of_bw:
-        lines += ["Collective bandwidth (the calls that took longest in all first):", ""]
-        lines.append("| " + " | ".join(headers) + " |")
-        lines.append("|" + "---|" * len(headers))
-        lines += ["| " + " | ".join(cells) + " |" for cells in cells_of_bw]
-        lines += ["", f"*{'; '.join(notes)}.*", ""]
+        lines += _markdown_table(
+            BANDWIDTH_TITLE.capitalize(), headers, cells_of_bw, "; ".join(notes)
+        )
     if _gpu_cells(report):
         lines.append("| " + " | ".join(_GPU_HEADERS) + " |")
         lines.append("|" + "---|" * len(_GPU_HEADERS))
