@@ -1,6 +1,6 @@
 """GPU check: dtprof's CUDA path on one GPU, in a few minutes (benchmarks/gpu_check.sh runs it).
 
-    python benchmarks/gpu_check.py --out DIR [--work DIR] [--steps 50] [--rounds 6]
+    python benchmarks/gpu_check.py --out DIR [--work DIR] [--steps 50] [--rounds 8]
 
 1. **NCCL, a world of one**: a small decoder-style transformer trained with DDP (bf16 autocast)
    under ``dtprof.profile`` with everything on (phases, a user region, DDP's buckets, a
@@ -16,7 +16,9 @@
    named from GPU times.
 3. **Overhead**, in a process of its own: the loop of 1 bare and recorded (and recorded with
    one part off at a time, to see where the cost is), blocks interleaved over ``--rounds``
-   rounds, each block's first WARM steps left out (goal: recorded / bare <= 1.01).
+   rounds, each block's first WARM steps left out; then bare and recorded at a batch where
+   the GPU, not the host, bounds the step (goal: recorded / bare <= 1.01). Each ratio also
+   paired: to the bare block of the same round, since the host's speed drifts between rounds.
 4. ``dtprof analyze`` on each trace.
 
 Writes ``gpu_check.json`` (every figure) and ``gpu_check.txt`` (a short table) to ``--out``,
@@ -136,6 +138,25 @@ def gpu_figures(t: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def bucket_figures(t: dict[str, Any]) -> dict[str, Any]:
+    """gpu_figures() of the collectives, DDP's buckets apart from the Python API's calls."""
+    labels = {(r["group"], r["seq"]): r["label"] or "" for r in t["collectives"]}
+    by: dict[str, dict[str, list[float]]] = {}
+    for r in t["gpu_spans"]:
+        if r["kind"] != "collective":
+            continue
+        label = labels.get((r["group"], r["seq"]), "")
+        key = "ddp buckets" if label.startswith("ddp.") else "python api"
+        d = by.setdefault(key, {"host_ms": [], "gpu_ms": [], "lag_ms": []})
+        d["host_ms"].append((r["end_ns"] - r["start_ns"]) / 1e6)
+        d["gpu_ms"].append((r["gpu_end_ns"] - r["gpu_start_ns"]) / 1e6)
+        d["lag_ms"].append((r["gpu_start_ns"] - r["start_ns"]) / 1e6)
+    return {
+        f"collective:{key}": {"n": len(d["gpu_ms"]), **{k: median(v) for k, v in d.items()}}
+        for key, d in sorted(by.items())
+    }
+
+
 def sample_figures(t: dict[str, Any]) -> dict[str, Any]:
     by: dict[str, list[float]] = {}
     for r in t["samples"]:
@@ -190,6 +211,7 @@ def part_one(out: Path, steps: int, width: int, layers: int) -> dict[str, Any]:
     torch.cuda.synchronize()
 
     trace = out / "trace_nccl"
+    losses = []
     t0 = time.perf_counter()
     with dtprof.profile(
         trace,
@@ -208,6 +230,7 @@ def part_one(out: Path, steps: int, width: int, layers: int) -> dict[str, Any]:
             work = dist.all_reduce(torch.ones(1 << 20, device=device), async_op=True)
             work.wait()
             prof.log(loss=loss)
+            losses.append(loss.detach())
             prof.step()
         with prof.region("probe"):
             torch.cuda._sleep(cycles)
@@ -219,6 +242,8 @@ def part_one(out: Path, steps: int, width: int, layers: int) -> dict[str, Any]:
     probe = [r for r in t["gpu_spans"] if r["name"] == "probe"]
     sleep = [r for r in t["gpu_spans"] if r["name"] == "gpu-sleep"]
     figures = gpu_figures(t)
+    figures.update(bucket_figures(t))
+    logged = {r["step"]: r["value"] for r in t["scalars"] if r["name"] == "loss"}
     result: dict[str, Any] = {
         "trace": str(trace),
         "steps": len(t["steps"]),
@@ -229,6 +254,12 @@ def part_one(out: Path, steps: int, width: int, layers: int) -> dict[str, Any]:
         "samples": sample_figures(t),
         "collectives": collective_figures(t),
         "events": [f"{e['kind']}: {e['message']}" for e in t["events"]],
+        # read by the writer thread from a copy on its way to the host, never with a sync
+        "logged_loss": {
+            "steps": len(logged),
+            "equal_to_the_loss": [logged.get(i) for i in range(len(losses))]
+            == [float(x) for x in losses],
+        },
         "sleep_region_ms": {
             "expected_gpu": SLEEP_MS,
             "gpu": median([(r["gpu_end_ns"] - r["gpu_start_ns"]) / 1e6 for r in sleep]),
@@ -256,7 +287,7 @@ def part_one(out: Path, steps: int, width: int, layers: int) -> dict[str, Any]:
 MODES: dict[str, dict[str, Any] | None] = {
     "bare": None,
     "dtprof": {},
-    "dtprof-native-gpu": {"env": {"DTPROF_NATIVE_GPU": "1"}},
+    "dtprof-python-kernel": {"env": {"DTPROF_NATIVE": "0"}},  # DDP's buckets by the Python kernel
     "dtprof-no-gpu-timing": {"gpu_timing": False},
     "dtprof-no-buckets": {"ddp_buckets": False},
     "dtprof-no-nvml": {"gpu_sample_interval_s": 0},
@@ -264,6 +295,7 @@ MODES: dict[str, dict[str, Any] | None] = {
     "dtprof-no-log": {"log": False},  # the loop does not call prof.log(loss=...)
 }
 GPU_BOUND_BATCH = 64  # part 3's second loop: a batch whose step the GPU, not the host, bounds
+GPU_BOUND_MODES = ["bare", "dtprof", "dtprof-python-kernel", "dtprof-no-log"]
 
 
 def part_three(out: Path, steps: int, rounds: int, width: int, layers: int) -> dict[str, Any]:
@@ -286,7 +318,7 @@ def part_three(out: Path, steps: int, rounds: int, width: int, layers: int) -> d
     big = torch.randint(0, VOCAB, (GPU_BOUND_BATCH, SEQ + 1), device=device)
     for _ in range(WARM):
         train_step(model, opt, big)
-    gpu_bound = rotated(model, opt, big, steps // 3, rounds, ["bare", "dtprof"], out / "gpu-bound")
+    gpu_bound = rotated(model, opt, big, steps // 3, rounds, GPU_BOUND_MODES, out / "gpu-bound")
     events = [torch.cuda.Event(enable_timing=True) for _ in range(10_000)]
     t0 = time.perf_counter()
     for event in events:  # what one CUDA event costs the host (each interval records two)
@@ -295,27 +327,32 @@ def part_three(out: Path, steps: int, rounds: int, width: int, layers: int) -> d
     torch.cuda.synchronize()
     dist.barrier()
     dist.destroy_process_group()
-    medians = {m: {k: round(statistics.median(v), 3) for k, v in got[m].items()} for m in names}
-    bare = medians["bare"]
-    big_ms = {m: statistics.median(v["wall_ms"]) for m, v in gpu_bound.items()}
     return {
-        "gpu_bound": {
-            "batch": GPU_BOUND_BATCH,
-            "steps_per_block": steps // 3,
-            "bare_ms": round(big_ms["bare"], 3),
-            "dtprof_ms": round(big_ms["dtprof"], 3),
-            "ratio_wall": round(big_ms["dtprof"] / big_ms["bare"], 4),
-            "blocks": gpu_bound,
-        },
-        "steps_per_block": steps,
+        "launch_bound": {"batch": BATCH, "steps_per_block": steps, **ratios(got)},
+        "gpu_bound": {"batch": GPU_BOUND_BATCH, "steps_per_block": steps // 3, **ratios(gpu_bound)},
         "warm_steps_per_block": WARM,
         "rounds": rounds,
-        "medians": medians,
-        "ratio_wall": {m: round(medians[m]["wall_ms"] / bare["wall_ms"], 4) for m in names},
-        "ratio_cpu": {m: round(medians[m]["cpu_ms"] / bare["cpu_ms"], 4) for m in names},
         "event_record_us": round(record_us, 3),
-        "blocks": got,
         "goal": 1.01,
+    }
+
+
+def ratios(got: dict[str, dict[str, list[float]]]) -> dict[str, Any]:
+    """Each mode's medians over its blocks, their ratios to bare's, and the median over rounds
+    of the wall ratio to the bare block of the same round (drift between rounds cancels)."""
+    medians = {m: {k: round(statistics.median(v), 3) for k, v in got[m].items()} for m in got}
+    bare, bare_blocks = medians["bare"], got["bare"]["wall_ms"]
+    return {
+        "medians": medians,
+        "ratio_wall": {m: round(medians[m]["wall_ms"] / bare["wall_ms"], 4) for m in got},
+        "ratio_cpu": {m: round(medians[m]["cpu_ms"] / bare["cpu_ms"], 4) for m in got},
+        "paired_wall": {
+            m: round(
+                statistics.median(a / b for a, b in zip(v["wall_ms"], bare_blocks, strict=True)), 4
+            )
+            for m, v in got.items()
+        },
+        "blocks": got,
     }
 
 
@@ -506,27 +543,30 @@ def table(summary: dict[str, Any]) -> str:
     )
     lines.append(f"NCCL's own timing (ms): {one['nccl_own_timing_ms']}")
     lines.append(f"gpu_timing: {one['meta'].get('gpu_timing')}")
+    lines.append(f"DDP buckets: {one['meta'].get('ddp_buckets_kernel')} kernel")
+    lines.append(f"logged loss: {one['logged_loss']}")
     lines.append(f"nvml: {one['meta'].get('nvml')}  gpm: {one['meta'].get('gpm')}")
     for m, f in one["samples"].items():
         lines.append(f"  sample {m:<28} n={f['n']:<4} median={f['median']:.4g} max={f['max']:.4g}")
     o = summary["overhead"]
     lines.append("")
     lines.append(
-        f"part 3, overhead (medians of {o['rounds']} blocks of {o['steps_per_block']} steps; "
-        f"ms per step; ratios to bare; goal {o['goal']})"
+        f"part 3, overhead (medians of {o['rounds']} blocks, ms per step; ratios to bare, "
+        f"paired: to the same round's bare block; goal {o['goal']})"
     )
     keys = ["wall_ms", "cpu_ms", "forward_ms", "backward_ms", "optimizer_ms"]
-    lines.append(f"{'mode':<22}" + "".join(f"{k:>14}" for k in keys) + f"{'wall x':>9}{'cpu x':>9}")
+    for loop in ("launch_bound", "gpu_bound"):
+        r = o[loop]
+        lines.append(f"{loop.replace('_', '-')} loop, batch {r['batch']}:")
+        head = f"{'mode':<22}" + "".join(f"{k:>13}" for k in keys)
+        lines.append(head + f"{'wall x':>9}{'cpu x':>9}{'paired x':>10}")
+        for mode, m in r["medians"].items():
+            cells = "".join(f"{m[k]:>13.3f}" for k in keys)
+            x = [r["ratio_wall"][mode], r["ratio_cpu"][mode]]
+            lines.append(
+                f"{mode:<22}{cells}{x[0]:>9.3f}{x[1]:>9.3f}{r['paired_wall'][mode]:>10.3f}"
+            )
     lines.append(f"one CUDA event recorded: {o['event_record_us']} us on the host")
-    g = o["gpu_bound"]
-    lines.append(
-        f"GPU-bound loop (batch {g['batch']}): bare {g['bare_ms']} ms, dtprof {g['dtprof_ms']} "
-        f"ms a step, {g['ratio_wall']}x"
-    )
-    for mode, m in o["medians"].items():
-        cells = "".join(f"{m[k]:>14.3f}" for k in keys)
-        ratios = f"{o['ratio_wall'][mode]:>9.3f}{o['ratio_cpu'][mode]:>9.3f}"
-        lines.append(f"{mode:<22}{cells}{ratios}")
     two = summary["gloo_two_ranks"]
     lines.append("")
     lines.append(f"part 2, gloo two ranks on one GPU: exit codes {two['exit_codes']}")
@@ -547,7 +587,7 @@ def main() -> None:
     p.add_argument("--out", type=Path)
     p.add_argument("--work", type=Path, help="where the traces go (default: OUT/work)")
     p.add_argument("--steps", type=int, default=50)
-    p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--width", type=int, default=1024)
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--worker", type=int)

@@ -19,11 +19,10 @@ Where it is built (``dtprof build-native``), the same kernel in C++ (:class:`Nat
 ``native/buckets.cpp``) does this with no Python on a bucket's path: the Python kernel costs
 a few hundred µs per step of a small DDP model (benchmarks/overhead.py), the native one about
 nothing measurable. On a CUDA job each bucket is also timed on the GPU (dtprof.record.
-gpu_timing): by the Python kernel, or, with ``DTPROF_NATIVE_GPU=1``, by the native one (its
-CUDA path is not yet verified on a GPU: docs/gpu.md). Where neither can be
-registered (a torch without these operators, or a kernel of someone else's there) or would not
-see the buckets (parameters on a device other than CPU and CUDA), ``ddp_hook`` records them
-through a comm hook instead.
+gpu_timing) by whichever kernel records it, the native one with c10 events of its own that
+sync() reads back. Where neither kernel can be registered (a torch without these operators,
+or a kernel of someone else's there) or would not see the buckets (parameters on a device
+other than CPU and CUDA), ``ddp_hook`` records them through a comm hook instead.
 """
 
 from __future__ import annotations

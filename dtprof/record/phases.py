@@ -13,7 +13,6 @@ backward and optimizer get their GPU execution times too. Data has none: it is t
 
 from __future__ import annotations
 
-import os
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -76,12 +75,7 @@ class PhaseHooks:
         if self.prof.ddp_buckets != "comm_hook":
             from dtprof.record import native as native_kernel
 
-            on_gpu = self.prof.gpu_timer is not None and any(p.is_cuda for p in model.parameters())
-            if on_gpu and os.environ.get("DTPROF_NATIVE_GPU", "") != "1":
-                # the native kernel's CUDA timing is not yet verified on a GPU (docs/gpu.md)
-                native, why_not = None, "not used: CUDA buckets are timed by the Python kernel"
-            else:
-                native, why_not = native_kernel.load()
+            native, why_not = native_kernel.load()
             if why_not:
                 self.prof.note_meta(ddp_buckets_native=why_not)
             try:

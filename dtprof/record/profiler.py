@@ -151,6 +151,24 @@ class _Region:
             timer.pair(self._event, (step, self._name, "region", None, None), self._start, end)
 
 
+def copy_for_later(value: torch.Tensor) -> tuple[torch.Tensor, Any]:
+    """A logged device scalar's copy, for the writer thread to read without stopping the
+    training thread, and the event that says when it can (None: whenever it likes).
+
+    On CUDA the copy goes to pinned host memory behind the work already queued, and the
+    writer reads it once the event after it has passed: neither thread waits for the GPU (an
+    ``item()`` on the writer would queue behind all the training's work and spin until the GPU
+    caught up). Elsewhere an on-device copy, read with ``item()``. Either way, later in-place
+    changes to the caller's tensor do not leak in."""
+    value = value.detach()
+    if not value.is_cuda:
+        return value.clone(), None
+    copy = value.to("cpu", non_blocking=True)
+    arrived = torch.cuda.Event()
+    arrived.record(torch.cuda.current_stream(value.device))
+    return copy, arrived
+
+
 class Profiler:
     """Records one rank: steps, phases, regions, collectives, memory, scalars, fingerprints."""
 
@@ -192,7 +210,9 @@ class Profiler:
         self._removers: dict[str, list[Any]] = {}
         self._warned: set[str] = set()
         self.logged_work: set[str] = set()  # of WORK_NAMES, those the script logs itself
-        self._pending_scalars: deque[tuple[int, str, torch.Tensor]] = deque()
+        # logged device scalars on their way to the host: (step, name, copy, arrival event)
+        self._pending_scalars: deque[tuple[int, str, torch.Tensor, Any]] = deque()
+        self._scalars_lock = threading.Lock()  # the writer thread and exit both resolve them
         self.meta = RankMeta(schema_version=SCHEMA_VERSION, rank=0)
         self._meta_lock = threading.Lock()  # hooks on other threads note fields too
 
@@ -303,7 +323,7 @@ class Profiler:
             self.note_meta(status="finished" if exc_type is None else f"raised {exc_type.__name__}")
             if exc is not None:
                 self._record_exception(exc)
-            self._resolve_pending_scalars()
+            self._resolve_pending_scalars(wait=True)
             self.writer.close()
             write_json_atomic(self.folder / INFLIGHT_FILE, encode(self.comms.inflight_snapshot()))
             self.write_meta()
@@ -455,9 +475,7 @@ class Profiler:
                     self.logged_work.add(name)
                 if isinstance(value, torch.Tensor):
                     if not value.is_cpu:
-                        # an on-device copy, read later by the writer thread: no sync here,
-                        # and later in-place changes to the caller's tensor do not leak in
-                        self._pending_scalars.append((step, name, value.detach().clone()))
+                        self._pending_scalars.append((step, name, *copy_for_later(value)))
                         continue
                     value = value.item()
                 self.scalars.append((step, name, float(value)))
@@ -502,10 +520,18 @@ class Profiler:
             timer.abandon()
             self.hook_failed("gpu-timing", exc)
 
-    def _resolve_pending_scalars(self) -> None:
-        while self._pending_scalars:
-            step, name, tensor = self._pending_scalars.popleft()
-            self.scalars.append((step, name, float(tensor.item())))
+    def _resolve_pending_scalars(self, wait: bool = False) -> None:
+        """Logged device scalars that have reached the host, in the order logged, into the
+        scalars table; with ``wait``, all of them, waiting for the device."""
+        with self._scalars_lock:
+            while self._pending_scalars:
+                step, name, copy, arrived = self._pending_scalars[0]
+                if arrived is not None:
+                    if not wait and not arrived.query():
+                        return
+                    arrived.synchronize()
+                self._pending_scalars.popleft()
+                self.scalars.append((step, name, float(copy.item())))
 
     def add_remover(self, name: str, remover: Any) -> None:
         self._removers.setdefault(name, []).append(remover)

@@ -130,6 +130,40 @@ def test_non_finite_scalars_are_kept(tmp_path: Path) -> None:
     assert values.isna()["loss"] and values["gnorm"] == float("inf")
 
 
+class _Arrival:
+    """Stands in for the CUDA event after a logged scalar's copy to the host."""
+
+    def __init__(self) -> None:
+        self.arrived = False
+
+    def query(self) -> bool:
+        return self.arrived
+
+    def synchronize(self) -> None:
+        self.arrived = True
+
+
+def test_device_scalars_are_read_once_arrived_in_order_and_all_at_exit(tmp_path: Path) -> None:
+    """The writer reads a device scalar's host copy only once its event has passed, never out
+    of order; exit waits for the rest."""
+    first, second, third = _Arrival(), _Arrival(), _Arrival()
+    with dtprof.profile(tmp_path, clock_sync=False) as prof:
+        for step, arrival in enumerate((first, second, third)):
+            prof._pending_scalars.append((step, "loss", torch.tensor(step + 0.5), arrival))
+        # (the writer thread resolves them too, at its own pace: the same outcome)
+        prof._resolve_pending_scalars()
+        assert [row[0] for row in prof._pending_scalars] == [0, 1, 2]
+        second.arrived = True  # the first has not: nothing may pass it
+        prof._resolve_pending_scalars()
+        assert [row[0] for row in prof._pending_scalars] == [0, 1, 2]
+        first.arrived = True
+        prof._resolve_pending_scalars()
+        assert [row[0] for row in prof._pending_scalars] == [2]
+        prof.step()
+    values = dtprof.load_trace(tmp_path).scalars.set_index("step")["value"]
+    assert list(values) == [0.5, 1.5, 2.5] and third.arrived
+
+
 def test_a_raising_hook_is_switched_off_with_one_warning(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
