@@ -295,7 +295,8 @@ MODES: dict[str, dict[str, Any] | None] = {
     "dtprof-no-log": {"log": False},  # the loop does not call prof.log(loss=...)
 }
 GPU_BOUND_BATCH = 64  # part 3's second loop: a batch whose step the GPU, not the host, bounds
-GPU_BOUND_MODES = ["bare", "dtprof", "dtprof-python-kernel", "dtprof-no-log"]
+# (the run of docs/gpu.md had bare, dtprof, dtprof-python-kernel and dtprof-no-log)
+GPU_BOUND_MODES = ["bare", "dtprof", "dtprof-no-gpu-timing", "dtprof-no-nvml", "dtprof-no-model"]
 
 
 def part_three(out: Path, steps: int, rounds: int, width: int, layers: int) -> dict[str, Any]:
