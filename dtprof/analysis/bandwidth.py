@@ -2,8 +2,8 @@
 them, per process group, op and message size, against a link's peak where one is known.
 
 - **Which calls**: the collectives every member of their group recorded, with members that
-  agree on op and bytes (dtprof.analysis.matching); barriers and other calls that move no data
-  are left out. Point-to-point transfers too: a send matched with its receive (the same group
+  agree on op and bytes (dtprof.analysis.matching); barriers and other calls that move no data,
+  and the calls of groups of one rank, are left out. Point-to-point transfers too: a send matched with its receive (the same group
   and pair, the pair's sequence number), one row per direction of each pair (``0->1``).
 - **Time** ``t``: from the last member's arrival to the last member's completion (of a send and
   its receive: the later start to the earlier end, since each side's end is when its wait()
@@ -128,6 +128,8 @@ def transfers(
     with ``collectives`` (the run's records), point-to-point transfers too."""
     out: list[Transfers] = []
     for gm in matched:
+        if gm.size < 2:  # a group of one rank: nothing moves between ranks
+            continue
         whole = gm.complete & gm.agree & in_steps(gm.step, *steps)
         if not whole.any():
             continue

@@ -65,6 +65,11 @@ def test_calls_a_member_missed_or_disagreed_on_are_not_measured() -> None:
     assert row["calls"] == 1
 
 
+def test_a_group_of_one_rank_moves_no_data_and_has_no_row() -> None:
+    """A world of one (a single-GPU DDP job): its all-reduces copy nothing between ranks."""
+    assert bandwidth_rows([matrix("all_reduce", 64 * MIB, [[0]] * 3, [[10_000]] * 3)]) == []
+
+
 def test_bands_and_the_link_share() -> None:
     assert band_label(0) == "< 64 KiB" and band_label(1) == "64 KiB-1 MiB"
     assert band_label(3) == "16 MiB-256 MiB"
