@@ -3,8 +3,9 @@ them, per process group, op and message size, against a link's peak where one is
 
 - **Which calls**: the collectives every member of their group recorded, with members that
   agree on op and bytes (dtprof.analysis.matching); barriers and other calls that move no data,
-  and the calls of groups of one rank, are left out. Point-to-point transfers too: a send matched with its receive (the same group
-  and pair, the pair's sequence number), one row per direction of each pair (``0->1``).
+  and the calls of groups of one rank, are left out. Point-to-point transfers too: a send
+  matched with its receive (the same group and pair, the pair's sequence number), one row per
+  direction of each pair (``0->1``).
 - **Time** ``t``: from the last member's arrival to the last member's completion (of a send and
   its receive: the later start to the earlier end, since each side's end is when its wait()
   returned, which a rank busy elsewhere calls late). Waiting for a late rank is the straggler's

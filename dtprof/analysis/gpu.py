@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from dtprof.analysis.columns import values
-from dtprof.trace.kineto.mapping import Steps, step_at
+from dtprof.trace.steps import Steps, step_at
 
 GPU_PHASE = "gpu-compute"
 NOTE = (

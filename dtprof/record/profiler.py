@@ -524,14 +524,18 @@ class Profiler:
         """Logged device scalars that have reached the host, in the order logged, into the
         scalars table; with ``wait``, all of them, waiting for the device."""
         with self._scalars_lock:
-            while self._pending_scalars:
-                step, name, copy, arrived = self._pending_scalars[0]
-                if arrived is not None:
-                    if not wait and not arrived.query():
-                        return
-                    arrived.synchronize()
-                self._pending_scalars.popleft()
-                self.scalars.append((step, name, float(copy.item())))
+            try:
+                while self._pending_scalars:
+                    step, name, copy, arrived = self._pending_scalars[0]
+                    if arrived is not None:
+                        if not wait and not arrived.query():
+                            return
+                        arrived.synchronize()
+                    self._pending_scalars.popleft()
+                    self.scalars.append((step, name, float(copy.item())))
+            except Exception as exc:  # a device error: the values are lost, the rest goes on
+                self._pending_scalars.clear()
+                self.hook_failed("log", exc)
 
     def add_remover(self, name: str, remover: Any) -> None:
         self._removers.setdefault(name, []).append(remover)

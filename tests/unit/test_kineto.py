@@ -218,7 +218,8 @@ def test_memory_samples_are_each_steps_last_reading_as_pandas_groups_them() -> N
     import numpy as np
     import pandas as pd
 
-    from dtprof.trace.kineto.mapping import Steps, samples_table, step_at
+    from dtprof.trace.kineto.mapping import samples_table
+    from dtprof.trace.steps import Steps, step_at
 
     rng = np.random.default_rng(7)
     for _ in range(200):

@@ -164,6 +164,26 @@ def test_device_scalars_are_read_once_arrived_in_order_and_all_at_exit(tmp_path:
     assert list(values) == [0.5, 1.5, 2.5] and third.arrived
 
 
+def test_a_device_error_while_reading_a_scalar_loses_the_values_not_the_trace(
+    tmp_path: Path,
+) -> None:
+    class Broken(_Arrival):
+        def query(self) -> bool:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    warned = pytest.warns(DtprofWarning, match="the log hook raised RuntimeError")
+    with warned, dtprof.profile(tmp_path, clock_sync=False) as prof:
+        prof.log(lr=0.5)
+        prof._pending_scalars.append((0, "loss", torch.tensor(1.0), Broken()))
+        prof._resolve_pending_scalars()  # as the writer thread does
+        prof.step()
+        prof.log(lr=0.25)  # switched off: not recorded
+        prof.step()
+    trace = dtprof.load_trace(tmp_path)
+    assert list(trace.scalars["value"]) == [0.5]
+    assert trace.meta[0].status == "finished" and "log" in trace.meta[0].disabled_hooks
+
+
 def test_a_raising_hook_is_switched_off_with_one_warning(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

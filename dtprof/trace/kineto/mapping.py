@@ -28,6 +28,7 @@ from dtprof.trace.kineto.events import NO_ARGS, Args, raw_value
 from dtprof.trace.kineto.read import COMM_ANNOTATION_RE, STEP_RE, KinetoFile
 from dtprof.trace.meta import Clock, ClockEstimate, Imported, RankMeta
 from dtprof.trace.schema import SCHEMA_VERSION, TABLES
+from dtprof.trace.steps import Steps, step_at
 
 COMM_KERNEL = re.compile(r"^nccl.*Kernel")
 MEMORY_KERNEL = re.compile(r"^(Memcpy|Memset|dma)")
@@ -107,14 +108,6 @@ def _array(values: Any, type_: pa.DataType) -> pa.Array:
     return pa.array(values, type_)
 
 
-class Steps(NamedTuple):
-    """Profiler steps in order of start (ties by number): numbers and times, ns."""
-
-    step: np.ndarray
-    start_ns: np.ndarray
-    end_ns: np.ndarray
-
-
 def _steps(kf: KinetoFile, names: Distinct) -> Steps:
     cpu = kf.cpu
     found = [STEP.search(v) if v is not None else None for v in names.values]
@@ -130,14 +123,6 @@ def _steps(kf: KinetoFile, names: Distinct) -> Steps:
     np.maximum.at(end, each, cpu.end_ns[idx])
     order = np.argsort(start, kind="stable")  # ties by number
     return Steps(step[order], start[order], end[order])
-
-
-def step_at(steps: Steps, ts_ns: np.ndarray) -> np.ndarray:
-    """The step that began last at or before each time; -1 before the first step."""
-    if not len(steps.step):
-        return np.full(len(ts_ns), -1, np.int64)
-    pos = np.searchsorted(steps.start_ns, ts_ns, side="right") - 1
-    return np.where(pos >= 0, steps.step[np.maximum(pos, 0)], -1)
 
 
 CATEGORIES = pa.array(["compute", "communication", "memory", "other"])  # the kernels' categories
