@@ -86,12 +86,13 @@ def _nbytes(obj: Any) -> tuple[int, str | None]:
 
 
 def _on_cuda(obj: Any) -> bool:
-    """Whether a payload (a tensor or a list of them) is on a CUDA device."""
+    """Whether a payload's first tensor (of a tensor or a nested list, as _nbytes walks them)
+    is on a CUDA device."""
+    if isinstance(obj, torch.Tensor):
+        return obj.is_cuda
     if isinstance(obj, (list, tuple)):
-        obj = obj[0] if obj else None
-        if isinstance(obj, (list, tuple)):
-            obj = obj[0] if obj else None
-    return isinstance(obj, torch.Tensor) and obj.is_cuda
+        return bool(obj) and _on_cuda(obj[0])
+    return False
 
 
 class _Call:
