@@ -37,6 +37,19 @@ NO_CUDA = "no CUDA device in this process"
 NOT_CUDA = "the job does not use CUDA"
 
 
+def why_no_cuda(model: Any = None) -> str | None:
+    """Why there is no GPU to observe (NO_CUDA, NOT_CUDA), or None where the job uses CUDA: it
+    has initialized CUDA (a flag read, so that a CPU job on a GPU machine never creates a CUDA
+    context), or ``model`` has parameters on a CUDA device."""
+    if not torch.cuda.is_available():
+        return NO_CUDA
+    if torch.cuda.is_initialized():
+        return None
+    if model is not None and any(p.is_cuda for p in model.parameters()):
+        return None
+    return NOT_CUDA
+
+
 class NvmlSampler:
     """Samples NVML for the rank's device; ``status`` records whether and why not."""
 
@@ -51,13 +64,11 @@ class NvmlSampler:
         if interval_s <= 0:
             self.status = Nvml(available=False, reason="off (gpu_sample_interval_s <= 0)")
             return
-        if not torch.cuda.is_available():
-            self.status = Nvml(available=False, reason=NO_CUDA)
-            return
-        if not torch.cuda.is_initialized():
+        why_not = why_no_cuda()
+        if why_not is not None:
             # NVML would not create a CUDA context, but current_device() would: a CPU job on a
             # GPU machine keeps none (profile.attach() tries again once a model is on CUDA)
-            self.status = Nvml(available=False, reason=NOT_CUDA)
+            self.status = Nvml(available=False, reason=why_not)
             return
         try:
             import pynvml

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from dtprof.record.gpu import NO_CUDA, NOT_CUDA
+from dtprof.record.gpu import why_no_cuda
 from dtprof.trace.meta import GpuTiming
 
 if TYPE_CHECKING:
@@ -49,18 +49,11 @@ KEEP_ANCHORS = 120  # ten minutes of anchors: a pair older than that uses the ol
 
 
 def wanted(prof: Profiler, model: Any) -> str | None:
-    """Why GPU timing is off for this profile, or None where it is on: the job must already use
-    CUDA (a flag read, so that a CPU job on a GPU machine never creates a CUDA context), or give
-    a model with parameters on a CUDA device."""
+    """Why GPU timing is off for this profile, or None where it is on: where the job uses CUDA
+    (dtprof.record.gpu.why_no_cuda)."""
     if not prof.gpu_timing:
         return "off (gpu_timing=False)"
-    if not torch.cuda.is_available():
-        return NO_CUDA
-    if torch.cuda.is_initialized():
-        return None
-    if model is not None and any(p.is_cuda for p in model.parameters()):
-        return None
-    return NOT_CUDA
+    return why_no_cuda(model)
 
 
 class GpuTimer:

@@ -384,7 +384,7 @@ class Profiler:
         if model is not None and self.active:  # given by attach() (dtprof run): it may be the
             # first sign that the job uses CUDA, which recording started too early to see
             self._start_gpu_timer(model)
-            if self.gpu.status.reason == gpu.NOT_CUDA and torch.cuda.is_initialized():
+            if self.gpu.status.reason == gpu.NOT_CUDA and gpu.why_no_cuda() is None:
                 self._start_nvml()
         if model is not None:
             self.model = model
@@ -498,8 +498,7 @@ class Profiler:
             return
         try:
             self.comms.sync_native()
-            if self.gpu_timer is not None:
-                self._drain_gpu_timer()
+            self._drain_gpu_timer()
             self._resolve_pending_scalars()
             self.gpu.maybe_sample()
             self.watchdog.check()
