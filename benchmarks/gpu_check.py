@@ -124,37 +124,36 @@ def rank_tables(trace: Path, rank: int) -> dict[str, Any]:
     return out
 
 
-def gpu_figures(t: dict[str, Any]) -> dict[str, Any]:
-    """Host vs GPU durations and the launch lag, per phase, region and collective op."""
-    by: dict[tuple[str, str], dict[str, list[float]]] = {}
+def gpu_figures(t: dict[str, Any], key: Any = None) -> dict[str, Any]:
+    """Host vs GPU durations and the launch lag, per ``key(row)`` of gpu_spans (default: kind and
+    name; None leaves a row out)."""
+    key = key or (lambda r: f"{r['kind']}:{r['name']}")
+    by: dict[str, dict[str, list[float]]] = {}
     for r in t["gpu_spans"]:
-        d = by.setdefault((r["kind"], r["name"]), {"host_ms": [], "gpu_ms": [], "lag_ms": []})
+        k = key(r)
+        if k is None:
+            continue
+        d = by.setdefault(k, {"host_ms": [], "gpu_ms": [], "lag_ms": []})
         d["host_ms"].append((r["end_ns"] - r["start_ns"]) / 1e6)
         d["gpu_ms"].append((r["gpu_end_ns"] - r["gpu_start_ns"]) / 1e6)
         d["lag_ms"].append((r["gpu_start_ns"] - r["start_ns"]) / 1e6)
     return {
-        f"{kind}:{name}": {"n": len(d["gpu_ms"]), **{k: median(v) for k, v in d.items()}}
-        for (kind, name), d in sorted(by.items())
+        k: {"n": len(d["gpu_ms"]), **{m: median(v) for m, v in d.items()}}
+        for k, d in sorted(by.items())
     }
 
 
 def bucket_figures(t: dict[str, Any]) -> dict[str, Any]:
     """gpu_figures() of the collectives, DDP's buckets apart from the Python API's calls."""
     labels = {(r["group"], r["seq"]): r["label"] or "" for r in t["collectives"]}
-    by: dict[str, dict[str, list[float]]] = {}
-    for r in t["gpu_spans"]:
+
+    def key(r: dict[str, Any]) -> str | None:
         if r["kind"] != "collective":
-            continue
-        label = labels.get((r["group"], r["seq"]), "")
-        key = "ddp buckets" if label.startswith("ddp.") else "python api"
-        d = by.setdefault(key, {"host_ms": [], "gpu_ms": [], "lag_ms": []})
-        d["host_ms"].append((r["end_ns"] - r["start_ns"]) / 1e6)
-        d["gpu_ms"].append((r["gpu_end_ns"] - r["gpu_start_ns"]) / 1e6)
-        d["lag_ms"].append((r["gpu_start_ns"] - r["start_ns"]) / 1e6)
-    return {
-        f"collective:{key}": {"n": len(d["gpu_ms"]), **{k: median(v) for k, v in d.items()}}
-        for key, d in sorted(by.items())
-    }
+            return None
+        ddp = labels.get((r["group"], r["seq"]), "").startswith("ddp.")
+        return "collective:ddp buckets" if ddp else "collective:python api"
+
+    return gpu_figures(t, key)
 
 
 def sample_figures(t: dict[str, Any]) -> dict[str, Any]:
