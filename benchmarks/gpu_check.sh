@@ -24,7 +24,7 @@ fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw \
   --format=csv 2>&1 | tee "$out/log.txt"
-# the native DDP bucket kernel, built against this torch (the overhead's modes use it)
+# the native recording kernel, built against this torch (the overhead's modes use it)
 timeout 120 python3 -m dtprof build-native 2>&1 | tail -3 | tee -a "$out/log.txt"
 timeout 420 python3 benchmarks/gpu_check.py --out "$out" --work "$work" 2>&1 | tee -a "$out/log.txt"
 status=${PIPESTATUS[0]}

@@ -15,10 +15,12 @@ shim built here), after 50 warm-up steps:
   steps overstates its share a little).
 
 The cost in µs is the extra instructions at the bare step's own rate, measured natively beside.
-Modes: bare; hooks, the hooks dtprof's phases use (a module's forward pre- and post-hook, a
-pre-hook on the output's autograd node that queues a callback at the pass's end, the
-optimizer's step pre- and post-hook) with empty bodies, what PyTorch charges for them alone;
-dtprof; and each ``--tree`` (a checkout of dtprof) as dtprof, to compare versions. Needs
+Modes: bare; hooks, the Python hooks dtprof's phases use (a module's forward pre- and
+post-hook, the optimizer's step pre- and post-hook) with empty bodies, what PyTorch charges for
+them alone; hooks+backward, those and the backward's in Python (a pre-hook on the output's
+autograd node that queues a callback at the pass's end), which the native kernel's C++ hook
+replaces; dtprof; dtprof without the native kernel (``DTPROF_NATIVE=0``); and each ``--tree``
+(a checkout of dtprof) as dtprof, to compare versions. Needs
 valgrind and its headers (Debian: valgrind) and a C compiler.
 """
 
@@ -54,7 +56,7 @@ model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 x = torch.randn(4, 8)
 ctx = contextlib.nullcontext()
-if mode == "hooks":  # the hooks dtprof's phases use, doing nothing: what PyTorch charges for them
+if mode.startswith("hooks"):  # the hooks dtprof's phases use, doing nothing: PyTorch's charge
     def nothing(*args, **kwargs):
         return None
     def on_gradient(grad):
@@ -62,10 +64,10 @@ if mode == "hooks":  # the hooks dtprof's phases use, doing nothing: what PyTorc
     def on_output(module, args, output):
         output.grad_fn.register_prehook(on_gradient)
     model.register_forward_pre_hook(nothing, with_kwargs=True)
-    model.register_forward_hook(on_output)
+    model.register_forward_hook(on_output if mode == "hooks+backward" else nothing)
     opt.register_step_pre_hook(nothing)
     opt.register_step_post_hook(nothing)
-if mode == "dtprof":
+if mode.startswith("dtprof"):
     import dtprof
     ctx = dtprof.profile(tempfile.mkdtemp(), model=model, optimizer=opt, clock_sync=False,
                          flush_interval_s=1e6)  # flushed in its own window below
@@ -155,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     started = time.monotonic()
     here = Path(__file__).resolve().parent.parent
-    modes = [("bare", here), ("hooks", here), ("dtprof", here)]
+    modes = [("bare", here), ("hooks", here), ("hooks+backward", here), ("dtprof", here)]
+    modes += [("dtprof, DTPROF_NATIVE=0", here)]
     modes += [(str(tree), tree) for tree in args.tree or []]
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
@@ -164,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
         for name, tree in modes:
             print(f"step_cost: {name} ...", file=sys.stderr, flush=True)
             env = {**base_env, "PYTHONPATH": str(tree)}
+            if name.endswith("DTPROF_NATIVE=0"):
+                env["DTPROF_NATIVE"] = "0"
             mode = name if tree == here else "dtprof"
             counted[name] = windows(mode, args.steps, env, folder)
     step_ns = native_step_ns(args.steps)

@@ -19,12 +19,13 @@ OFF_VALUES = {"0", "off", "no", "false"}
 
 def native_off() -> bool:
     """Whether ``DTPROF_NATIVE=0`` (or off, no, false) leaves dtprof's native code unused: the
-    profiler-trace reader and the DDP bucket kernel."""
+    profiler-trace reader and the native recording kernel."""
     return os.environ.get("DTPROF_NATIVE", "").strip().lower() in OFF_VALUES
 
 
 def native_root() -> Path:
-    """Where the DDP bucket kernel is built: $DTPROF_NATIVE_DIR, else the cache's ``native``."""
+    """Where the native recording kernel is built: $DTPROF_NATIVE_DIR, else the cache's
+    ``native``."""
     if os.environ.get("DTPROF_NATIVE_DIR"):
         return Path(os.environ["DTPROF_NATIVE_DIR"])
     return cache_root() / "native"

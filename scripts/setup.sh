@@ -3,7 +3,7 @@
 # TORCH_SPEC (default torch==2.13.0) picks the build; users with their own torch keep it.
 # DTPROF_EXTRAS=test adds the test tools. pip's output goes to .venv/setup.log. A C++ compiler is
 # made sure of first (scripts/native.sh), so that the install builds the native profiler-trace
-# reader; after it, the DDP bucket kernel is built. The sources are compiled to bytecode, as pip
+# reader; after it, the native recording kernel (DDP's buckets, the backward phase) is built. The sources are compiled to bytecode, as pip
 # would.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,5 +1,5 @@
-"""``dtprof build-native``: the DDP bucket kernel built into dtprof's cache, for this torch; and
-whether the profiler-trace reader was built at install."""
+"""``dtprof build-native``: the native recording kernel built into dtprof's cache, for this torch;
+and whether the profiler-trace reader was built at install."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from dtprof.errors import DtprofError
 
 
 def run(args: argparse.Namespace) -> int:
-    """Build, where torch is installed, the kernel that records DDP's buckets at about no cost
-    into dtprof's cache (once per torch build; a C++ compiler and ninja needed), and say whether
-    the profiler-trace reader was built when dtprof was installed."""
+    """Build, where torch is installed, the kernel that records DDP's buckets and the backward
+    phase at about no cost into dtprof's cache (once per torch build; a C++ compiler and ninja
+    needed), and say whether the profiler-trace reader was built when dtprof was installed."""
     from dtprof.trace.kineto.scan_ahead import native_reader
 
     reader, why = native_reader()
@@ -30,10 +30,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         from dtprof.record import native
     except ImportError as exc:  # no torch here
-        print(f"dtprof: no DDP bucket kernel: it needs torch ({exc})")
+        print(f"dtprof: no native recording kernel: it needs torch ({exc})")
         return 0
-    print("dtprof: building the DDP bucket kernel (10-30 s) ...", file=sys.stderr, flush=True)
-    return 0 if _build("DDP bucket kernel", native.build, args.verbose) else 2
+    print("dtprof: building the native recording kernel (10-30 s) ...", file=sys.stderr, flush=True)
+    return 0 if _build("native recording kernel", native.build, args.verbose) else 2
 
 
 def _build(what: str, build: Callable[..., Path], verbose: bool) -> bool:

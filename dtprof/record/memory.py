@@ -20,10 +20,12 @@ class _Statm:
     fd: int | None = None
 
     @classmethod
-    def resident_pages(cls) -> int:
+    def resident_bytes(cls) -> float:
         if cls.fd is None:
             cls.fd = os.open("/proc/self/statm", os.O_RDONLY)
-        return int(os.pread(cls.fd, 128, 0).split()[1])
+        # "size resident shared ...", in pages: the second field, parsed as a float (an int
+        # parse of bytes costs more, and the samples table holds floats)
+        return float(os.pread(cls.fd, 64, 0).split(b" ", 2)[1]) * _PAGE
 
     @classmethod
     def forget(cls) -> None:
@@ -34,20 +36,20 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_Statm.forget)
 
 
-def rss_bytes() -> int:
+def rss_bytes() -> float:
     """Resident set size of this process (Linux /proc; resource's peak elsewhere)."""
     try:
-        return _Statm.resident_pages() * _PAGE
+        return _Statm.resident_bytes()
     except OSError:
         import resource
 
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
 
 
 def sample_step(prof: Profiler, step: int, ts_ns: int) -> None:
     """Append this step's memory figures to the samples table."""
     out = prof.samples
-    out.append((step, ts_ns, "rss_bytes", float(rss_bytes())))
+    out.append((step, ts_ns, "rss_bytes", rss_bytes()))
     if torch.cuda.is_initialized():  # a flag read: CUDA figures once the job uses CUDA
         # one reading of the caching allocator's counters, as nested dicts (memory_stats(),
         # which memory_allocated() and the others each call, flattens them all first). The

@@ -3,9 +3,12 @@
 forward: the root module's forward pre-hook to its forward hook. backward: from the moment
 the gradient reaches the model's output (a hook on the autograd node that made it) to the end
 of the autograd pass (a callback queued on the autograd engine), before DDP waits for its last
-bucket. optimizer: its step pre- and post-hooks, or from where the step's closure returned
-(Lightning, LBFGS: the closure runs forward and backward inside the step). data: from the end
-of a step to the next forward.
+bucket. Where the native kernel is loaded, that hook and callback are its C++ ones
+(dtprof/record/native/backward.cpp): no Python runs in the pass, and the finished passes are
+read from the kernel's memory at the step's end (their rows follow the optimizer's).
+optimizer: its step pre- and post-hooks, or from where the step's closure returned (Lightning,
+LBFGS: the closure runs forward and backward inside the step). data: from the end of a step to
+the next forward.
 
 On a CUDA job the same moments also record CUDA events (dtprof.record.gpu_timing): forward,
 backward and optimizer get their GPU execution times too. Data has none: it is the host's wait.
@@ -13,7 +16,9 @@ backward and optimizer get their GPU execution times too. Data has none: it is t
 
 from __future__ import annotations
 
+import ctypes
 import time
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -23,6 +28,7 @@ from dtprof.record import ddp_hook
 from dtprof.record.throughput import StepWork
 
 if TYPE_CHECKING:
+    from dtprof.record.native import Native
     from dtprof.record.profiler import Profiler
 
 now_ns = time.perf_counter_ns
@@ -54,10 +60,12 @@ class PhaseHooks:
         self._bwd_event: Any = None
         self._opt_event: Any = None
         self._handles: list[Any] = []
+        self.native_passes: NativePasses | None = None  # the backward timed in C++
         self.ddp_buckets = False
         self.work = StepWork(prof)  # the samples, tokens and FLOPs the forward passes see
 
     def add_model(self, model: torch.nn.Module) -> None:
+        self._time_backward_natively()
         self._handles.append(model.register_forward_pre_hook(self._forward_pre, with_kwargs=True))
         self._handles.append(model.register_forward_hook(self._forward_post))
         if isinstance(model, torch.nn.parallel.DistributedDataParallel) and self.prof.ddp_buckets:
@@ -66,6 +74,24 @@ class PhaseHooks:
     def add_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         self._handles.append(optimizer.register_step_pre_hook(self._optimizer_pre))
         self._handles.append(optimizer.register_step_post_hook(self._optimizer_post))
+
+    def _time_backward_natively(self) -> None:
+        """Time the backward phase with the native kernel's hook where it loads (not on CUDA,
+        where the Python hook also records CUDA events); say which way in meta.json."""
+        if self.native_passes is not None:
+            return
+        if self.prof.gpu_timer is not None:
+            self.prof.note_meta(backward_timing="python (on CUDA: with CUDA events)")
+            return
+        from dtprof.record import native as native_kernel
+
+        native, why_not = native_kernel.load()
+        if native is not None:
+            try:
+                self.native_passes = NativePasses(native)
+            except Exception as exc:
+                why_not = f"unavailable: {exc}".splitlines()[0]
+        self.prof.note_meta(backward_timing=f"python ({why_not})" if why_not else "native")
 
     def _register_ddp_hook(self, model: torch.nn.parallel.DistributedDataParallel) -> None:
         if getattr(model, "_dtprof_comm_hook", False):  # an earlier profile's comm hook
@@ -103,9 +129,13 @@ class PhaseHooks:
             handle.remove()
         self._handles.clear()
         self.work.close()
+        if self.native_passes is not None:
+            self.native_passes.take(self.spans)
 
     def step_ends(self, step: int) -> None:
         try:
+            if self.native_passes is not None:
+                self.native_passes.take(self.spans)
             self.work.step_ends(step)
         except Exception as exc:
             self.prof.hook_failed("phases", exc)
@@ -134,9 +164,13 @@ class PhaseHooks:
             self._fwd_event = None
             if torch.is_grad_enabled():
                 # a hook on the node that makes each output: called as its gradient arrives
+                native = self.native_passes if self.prof.gpu_timer is None else None
+                step = self.prof.step_index
                 leaves = (output,) if isinstance(output, torch.Tensor) else tree_leaves(output)
                 for leaf in leaves:
                     if isinstance(leaf, torch.Tensor) and leaf.requires_grad:
+                        if native is not None and native.watch(leaf, step):
+                            continue
                         node = leaf.grad_fn
                         if node is not None:
                             node.register_prehook(self._backward_begins)
@@ -219,3 +253,40 @@ class PhaseHooks:
         timer = self.prof.gpu_timer
         if timer is not None:
             timer.pair(event, (step, name, "phase", None, None), start, end)
+
+
+class NativePasses:
+    """The backward passes the native kernel times: its hook on an output's autograd node
+    (``watch``), and the ring of finished passes it writes in its memory (``take``)."""
+
+    RING = 64  # kRing in backward.cpp
+
+    def __init__(self, native: Native) -> None:
+        lib = native.lib
+        lib.dtprof_backward_watcher.restype = ctypes.py_object
+        self._watch = lib.dtprof_backward_watcher()
+        lib.dtprof_backward_ring.restype = ctypes.c_int64
+        lib.dtprof_backward_reset()  # a pass an earlier profile left open is not this one's
+        ring = ctypes.c_int64 * (1 + 3 * self.RING)
+        self._ring = ring.from_address(lib.dtprof_backward_ring())
+        self._read = self._ring[0]  # the passes written before this profile are not its own
+        self.lost = 0  # passes overwritten before they were read
+
+    def watch(self, tensor: torch.Tensor, step: int) -> bool:
+        """Time the pass that reaches ``tensor``'s node, as step ``step``'s backward; False
+        where the kernel cannot (a tensor no node made)."""
+        return self._watch(tensor._cdata, step)
+
+    def take(self, spans: deque[tuple[Any, ...]]) -> None:
+        """The passes finished since the last take, as backward spans."""
+        ring = self._ring
+        written, read = ring[0], self._read
+        if written == read:
+            return
+        if written - read >= self.RING:  # the oldest may be being written over
+            self.lost += written - read - self.RING + 1
+            read = written - self.RING + 1
+        for i in range(read, written):
+            at = 1 + 3 * (i % self.RING)
+            spans.append((ring[at], "backward", "phase", ring[at + 1], ring[at + 2], 0, None, None))
+        self._read = written

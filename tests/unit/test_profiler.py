@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import itertools
 import warnings
+from collections import deque
 from pathlib import Path
 
 import pytest
@@ -14,8 +16,10 @@ from torch import nn
 
 import dtprof
 from dtprof.jobs.launch import free_port
+from dtprof.record.phases import NativePasses
 from dtprof.record.profiler import NullProfiler
 from dtprof.record.writer import DtprofWarning
+from tests.conftest import native_kernel_or_skip
 
 
 @pytest.fixture
@@ -40,7 +44,17 @@ def _train(prof, model, opt, steps: int = 3) -> None:
         prof.step()
 
 
-def test_each_backward_pass_of_a_step_is_a_span(tmp_path: Path) -> None:
+@pytest.fixture(params=["native", "python"])
+def backward_timing(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The backward phase timed by the native kernel's C++ hook, or by the Python one."""
+    if request.param == "native":
+        native_kernel_or_skip()
+    else:
+        monkeypatch.setenv("DTPROF_NATIVE", "0")
+    return str(request.param)
+
+
+def test_each_backward_pass_of_a_step_is_a_span(tmp_path: Path, backward_timing: str) -> None:
     """Two micro-batches a step: two backward passes, each inside its step, after its forward."""
     model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -54,7 +68,8 @@ def test_each_backward_pass_of_a_step_is_a_span(tmp_path: Path) -> None:
             opt.zero_grad()
             prof.step()
     trace = dtprof.load_trace(tmp_path)
-    spans = trace.spans
+    assert trace.meta[0].backward_timing.startswith(backward_timing)
+    spans = trace.spans.sort_values("start_ns", kind="stable")
     for step, rows in spans.groupby("step"):
         names = [n for n in rows["name"] if n != "data"]
         assert names == ["forward", "backward", "forward", "backward", "forward", "optimizer"]
@@ -62,6 +77,40 @@ def test_each_backward_pass_of_a_step_is_a_span(tmp_path: Path) -> None:
         assert step_row["start_ns"] <= rows["start_ns"].min()
         assert rows["end_ns"].max() <= step_row["end_ns"]
         assert (rows["end_ns"] >= rows["start_ns"]).all()
+
+
+def test_native_backward_passes_are_read_from_the_ring_in_order_and_losses_counted() -> None:
+    """The ring the C++ hook writes (written count, then step, start, end per pass), read as
+    Python reads it: what came since the last read, oldest first; what was written over before
+    it was read is counted, not made up."""
+    passes = object.__new__(NativePasses)
+    ring = passes._ring = (ctypes.c_int64 * (1 + 3 * NativePasses.RING))()
+    passes._read, passes.lost = 0, 0
+
+    def write(n: int) -> None:
+        for _ in range(n):
+            i = ring[0]
+            at = 1 + 3 * (i % NativePasses.RING)
+            ring[at], ring[at + 1], ring[at + 2] = i // 2, 100 * i, 100 * i + 50
+            ring[0] = i + 1
+
+    spans: deque = deque()
+    passes.take(spans)
+    assert not spans
+    write(3)
+    passes.take(spans)
+    passes.take(spans)  # nothing new
+    assert [(s[0], s[1], s[3], s[4]) for s in spans] == [
+        (0, "backward", 0, 50),
+        (0, "backward", 100, 150),
+        (1, "backward", 200, 250),
+    ]
+    spans.clear()
+    write(NativePasses.RING + 10)  # Python fell behind by more than the ring holds
+    passes.take(spans)
+    assert passes.lost == 11  # the oldest slot left may be the one being written: not read
+    assert len(spans) == NativePasses.RING - 1
+    assert [s[3] for s in spans] == [100 * i for i in range(14, 3 + NativePasses.RING + 10)]
 
 
 def test_regions_nest_and_close_even_when_their_block_raises(tmp_path: Path, fake_clock) -> None:
@@ -82,7 +131,7 @@ def test_regions_nest_and_close_even_when_their_block_raises(tmp_path: Path, fak
     assert inner["end_ns"] - inner["start_ns"] == 1000  # exactly one clock read apart
 
 
-def test_steps_phases_scalars_and_fingerprints(tmp_path: Path) -> None:
+def test_steps_phases_scalars_and_fingerprints(tmp_path: Path, backward_timing: str) -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -90,7 +139,8 @@ def test_steps_phases_scalars_and_fingerprints(tmp_path: Path) -> None:
         _train(prof, model, opt)
     trace = dtprof.load_trace(tmp_path)
     assert list(trace.steps["step"]) == [0, 1, 2]
-    phases = trace.spans[trace.spans["kind"] == "phase"]
+    assert trace.meta[0].backward_timing.startswith(backward_timing)
+    phases = trace.spans[trace.spans["kind"] == "phase"].sort_values("start_ns", kind="stable")
     fingerprinting = phases[phases["name"] == "fingerprint"]
     assert list(fingerprinting["step"]) == [0, 2]  # its own span, charged to no step's phases
     phases = phases[phases["name"] != "fingerprint"]

@@ -1,13 +1,14 @@
-"""The native (C++) kernel that sees DDP's buckets: built once per torch build, then loaded.
+"""The native (C++) kernel: built once per torch build, then loaded.
 
 ``buckets.cpp`` does what :mod:`dtprof.record.ddp_buckets` does with no Python on a bucket's
-path (see there). It is compiled against the torch in use, as torch extensions are, so it is
-built on the machine, once per torch build, into dtprof's cache (a C++ compiler and ninja
-needed, about 10-30 s): by the first ``profile()`` of a DDP model that needs it, which says so
-once on stderr (the first process of a node; the others wait for its build), or ahead by
-``dtprof build-native``. A build that fails is remembered, and not tried again at each run
-until ``dtprof build-native`` tries it; ``profile()`` then uses the Python kernel, saying why in
-the trace's metadata. ``DTPROF_NATIVE=0`` keeps it unloaded.
+path (see there); ``backward.cpp`` times the backward phase as :mod:`dtprof.record.phases`
+does, with no Python in the autograd pass (see there). It is compiled against the torch in use,
+as torch extensions are, so it is built on the machine, once per torch build, into dtprof's
+cache (a C++ compiler and ninja needed, about 10-30 s): by the first ``profile()`` of a model
+that needs it, which says so once on stderr (the first process of a node; the others wait for
+its build), or ahead by ``dtprof build-native``. A build that fails is remembered, and not tried
+again at each run until ``dtprof build-native`` tries it; ``profile()`` then records in Python,
+saying why in the trace's metadata. ``DTPROF_NATIVE=0`` keeps it unloaded.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any
 from dtprof.cache import native_off, native_root
 from dtprof.errors import DtprofError
 
-SOURCE = Path(__file__).with_name("buckets.cpp")
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("buckets.cpp", "backward.cpp"))
 NAME = "dtprof_native"
 SLOTS = 64  # watched groups at most (kSlots in buckets.cpp)
 FIELDS = 13  # a record's columns (kFields, Record in buckets.cpp)
@@ -38,7 +39,7 @@ def build_dir() -> Path:
     """This torch build's folder for the library: the source, torch and Python in its name."""
     import torch
 
-    key = hashlib.sha1(SOURCE.read_bytes())
+    key = hashlib.sha1(b"".join(source.read_bytes() for source in SOURCES))
     for part in (
         torch.__version__,
         str(getattr(torch.version, "git_version", "")),
@@ -56,7 +57,7 @@ def library_path() -> Path:
 
 
 def build(verbose: bool = False) -> Path:
-    """Compile buckets.cpp against this torch (once; again only if the source changed); a
+    """Compile the kernel's sources against this torch (once; again only if the source changed); a
     failure remembered from an earlier try is forgotten first."""
     try:
         from torch.utils.cpp_extension import load, verify_ninja_availability
@@ -72,7 +73,7 @@ def build(verbose: bool = False) -> Path:
     try:
         load(
             name=NAME,
-            sources=[str(SOURCE)],
+            sources=[str(source) for source in SOURCES],
             build_directory=str(folder),
             extra_cflags=["-O2"],
             is_python_module=False,
@@ -81,7 +82,7 @@ def build(verbose: bool = False) -> Path:
     except Exception as exc:
         last = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
         raise DtprofError(
-            f"{SOURCE}: building the native kernel failed ({last}); "
+            f"{' + '.join(map(str, SOURCES))}: building the native kernel failed ({last}); "
             "`dtprof build-native --verbose` shows the compiler's output"
         ) from None
     path = library_path()
@@ -101,14 +102,14 @@ def load() -> tuple[Native | None, str]:
         try:
             import torch
 
+            path = library_path()
             if not hasattr(torch.ops, NAME) or not _has_ops(torch):
-                path = library_path()
                 if not path.is_file():
                     why = _build_once()
                     if why:
                         return None, why
                 torch.ops.load_library(str(path))
-            native = Native(torch.ops.dtprof_native)
+            native = Native(torch.ops.dtprof_native, path)
         except Exception as exc:
             return None, f"cannot load it: {str(exc).splitlines()[0] if str(exc) else exc!r}"
         skew = abs(native.now() - time.perf_counter_ns())
@@ -133,7 +134,7 @@ def _build_once() -> str:
         return f"{why} (before; `dtprof build-native` tries again)"
     if os.environ.get("LOCAL_RANK", "0") == "0":
         print(
-            f"dtprof: building the DDP bucket kernel for this torch (once, 10-30 s) into "
+            f"dtprof: building the native recording kernel for this torch (once, 10-30 s) into "
             f"{build_dir()}; `dtprof build-native` builds it ahead",
             file=sys.stderr,
             flush=True,
@@ -160,10 +161,12 @@ def _has_ops(torch: Any) -> bool:
 
 
 class Native:
-    """The loaded library's operators and the memory it shares with Python."""
+    """The loaded library's operators, its plain C functions (``lib``, through ctypes, holding
+    the GIL: cheaper to call than an operator) and the memory it shares with Python."""
 
-    def __init__(self, ops: Any) -> None:
+    def __init__(self, ops: Any, path: Path) -> None:
         self.ops = ops
+        self.lib = ctypes.PyDLL(str(path))
         self.now = ops.now
         self.shared = (ctypes.c_int64 * (1 + SLOTS)).from_address(int(ops.shared_address()))
         self._tls = threading.local()
