@@ -45,7 +45,7 @@ VARIANTS = {
     "dtprof-nomodel": "dtprof without model and optimizer: no phase hooks, no DDP buckets",
     "dtprof-nobuckets": "dtprof with ddp_buckets=False: DDP's buckets unseen, every other hook on",
     "dtprof-commhook": "dtprof with ddp_buckets='comm_hook': DDP's buckets through a comm hook",
-    "dtprof-python": "dtprof with DDP's buckets seen by the Python kernel (DTPROF_NATIVE=0)",
+    "dtprof-python": "dtprof with DDP's buckets and the backward phase in Python (DTPROF_NATIVE=0)",
     "ddp-builtin-hook": "no recording; DDP with PyTorch's C++ builtin allreduce comm hook",
 }
 CLASSES = 16

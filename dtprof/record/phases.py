@@ -129,8 +129,14 @@ class PhaseHooks:
             handle.remove()
         self._handles.clear()
         self.work.close()
-        if self.native_passes is not None:
-            self.native_passes.take(self.spans)
+        passes = self.native_passes
+        if passes is not None:
+            passes.take(self.spans)
+            if passes.lost:
+                self.prof.note_meta(
+                    backward_timing=f"native ({passes.lost} passes lost: more than "
+                    f"{passes.RING - 1} between two steps' ends)"
+                )
 
     def step_ends(self, step: int) -> None:
         try:
@@ -259,7 +265,7 @@ class NativePasses:
     """The backward passes the native kernel times: its hook on an output's autograd node
     (``watch``), and the ring of finished passes it writes in its memory (``take``)."""
 
-    RING = 64  # kRing in backward.cpp
+    RING = 4096  # kRing in backward.cpp: passes between two steps' ends before any is lost
 
     def __init__(self, native: Native) -> None:
         lib = native.lib

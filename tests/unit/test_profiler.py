@@ -113,6 +113,22 @@ def test_native_backward_passes_are_read_from_the_ring_in_order_and_losses_count
     assert [s[3] for s in spans] == [100 * i for i in range(14, 3 + NativePasses.RING + 10)]
 
 
+def test_native_backward_passes_lost_between_steps_are_said_in_the_metadata(
+    tmp_path: Path,
+) -> None:
+    """More passes between two steps' ends than the kernel's ring holds: the newest are kept,
+    and meta.json says how many were lost."""
+    native_kernel_or_skip()
+    model = nn.Linear(2, 1)
+    extra = 5
+    with dtprof.profile(tmp_path, model=model, clock_sync=False):
+        for _ in range(NativePasses.RING + extra):
+            model(torch.ones(1, 2)).sum().backward()
+    trace = dtprof.load_trace(tmp_path)
+    assert (trace.spans["name"] == "backward").sum() == NativePasses.RING - 1
+    assert trace.meta[0].backward_timing.startswith(f"native ({extra + 1} passes lost")
+
+
 def test_regions_nest_and_close_even_when_their_block_raises(tmp_path: Path, fake_clock) -> None:
     with dtprof.profile(tmp_path, clock_sync=False) as prof:
         with prof.region("outer"), pytest.raises(KeyError), prof.region("inner"):

@@ -30,7 +30,7 @@
 
 namespace {
 
-constexpr int64_t kRing = 64;  // passes Python may fall behind by before losing some
+constexpr int64_t kRing = 4096;  // passes Python may fall behind by before losing some
 
 struct Ring {
   std::atomic<int64_t> written;  // passes written so far; pass i is at rows[i % kRing]
