@@ -36,7 +36,7 @@ _lock = threading.Lock()
 
 
 def build_dir() -> Path:
-    """This torch build's folder for the library: the source, torch and Python in its name."""
+    """This torch build's folder for the library: the sources, torch and Python in its name."""
     import torch
 
     key = hashlib.sha1(b"".join(source.read_bytes() for source in SOURCES))
@@ -57,7 +57,7 @@ def library_path() -> Path:
 
 
 def build(verbose: bool = False) -> Path:
-    """Compile the kernel's sources against this torch (once; again only if the source changed); a
+    """Compile the kernel's sources against this torch (once; again only if they changed); a
     failure remembered from an earlier try is forgotten first."""
     try:
         from torch.utils.cpp_extension import load, verify_ninja_availability
