@@ -53,6 +53,17 @@ def native_kernel_or_skip() -> None:
         pytest.skip(f"the native kernel: {why_not}")
 
 
+@pytest.fixture(params=["native", "python"])
+def kernel(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Which kernel records, DDP's buckets and the backward phase: the native one (where
+    built) or the Python one (``DTPROF_NATIVE=0``)."""
+    if request.param == "native":
+        native_kernel_or_skip()
+    else:
+        monkeypatch.setenv("DTPROF_NATIVE", "0")
+    return str(request.param)
+
+
 def native_reader_or_skip() -> None:
     """Skip where the native profiler-trace reader was not built at install (no C++ compiler).
     In CI it must be there: its absence fails the test."""

@@ -42,16 +42,6 @@ def world_of_one() -> Iterator[None]:
     gc.collect()  # the group's garbage (DDP models, profilers) goes here, not in a later fork
 
 
-@pytest.fixture(params=["native", "python"])
-def kernel(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Which kernel records: the native one (where built) or the Python one."""
-    if request.param == "native":
-        native_kernel_or_skip()
-    else:
-        monkeypatch.setenv("DTPROF_NATIVE", "0")
-    return str(request.param)
-
-
 def _model(**kwargs: Any) -> tuple[DDP, torch.optim.Optimizer]:
     torch.manual_seed(0)
     layers = [nn.Linear(128, 128) for _ in range(4)]

@@ -44,17 +44,7 @@ def _train(prof, model, opt, steps: int = 3) -> None:
         prof.step()
 
 
-@pytest.fixture(params=["native", "python"])
-def backward_timing(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """The backward phase timed by the native kernel's C++ hook, or by the Python one."""
-    if request.param == "native":
-        native_kernel_or_skip()
-    else:
-        monkeypatch.setenv("DTPROF_NATIVE", "0")
-    return str(request.param)
-
-
-def test_each_backward_pass_of_a_step_is_a_span(tmp_path: Path, backward_timing: str) -> None:
+def test_each_backward_pass_of_a_step_is_a_span(tmp_path: Path, kernel: str) -> None:
     """Two micro-batches a step: two backward passes, each inside its step, after its forward."""
     model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -68,7 +58,7 @@ def test_each_backward_pass_of_a_step_is_a_span(tmp_path: Path, backward_timing:
             opt.zero_grad()
             prof.step()
     trace = dtprof.load_trace(tmp_path)
-    assert trace.meta[0].backward_timing.startswith(backward_timing)
+    assert trace.meta[0].backward_timing.startswith(kernel)
     spans = trace.spans.sort_values("start_ns", kind="stable")
     for step, rows in spans.groupby("step"):
         names = [n for n in rows["name"] if n != "data"]
@@ -147,7 +137,7 @@ def test_regions_nest_and_close_even_when_their_block_raises(tmp_path: Path, fak
     assert inner["end_ns"] - inner["start_ns"] == 1000  # exactly one clock read apart
 
 
-def test_steps_phases_scalars_and_fingerprints(tmp_path: Path, backward_timing: str) -> None:
+def test_steps_phases_scalars_and_fingerprints(tmp_path: Path, kernel: str) -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -155,7 +145,7 @@ def test_steps_phases_scalars_and_fingerprints(tmp_path: Path, backward_timing: 
         _train(prof, model, opt)
     trace = dtprof.load_trace(tmp_path)
     assert list(trace.steps["step"]) == [0, 1, 2]
-    assert trace.meta[0].backward_timing.startswith(backward_timing)
+    assert trace.meta[0].backward_timing.startswith(kernel)
     phases = trace.spans[trace.spans["kind"] == "phase"].sort_values("start_ns", kind="stable")
     fingerprinting = phases[phases["name"] == "fingerprint"]
     assert list(fingerprinting["step"]) == [0, 2]  # its own span, charged to no step's phases
