@@ -27,6 +27,7 @@ from dtprof.cache import native_off, native_root
 from dtprof.errors import DtprofError
 
 SOURCES = tuple(Path(__file__).with_name(name) for name in ("buckets.cpp", "backward.cpp"))
+HEADERS = (Path(__file__).with_name("clock.h"),)
 NAME = "dtprof_native"
 SLOTS = 64  # watched groups at most (kSlots in buckets.cpp)
 FIELDS = 13  # a record's columns (kFields, Record in buckets.cpp)
@@ -39,7 +40,7 @@ def build_dir() -> Path:
     """This torch build's folder for the library: the sources, torch and Python in its name."""
     import torch
 
-    key = hashlib.sha1(b"".join(source.read_bytes() for source in SOURCES))
+    key = hashlib.sha1(b"".join(source.read_bytes() for source in SOURCES + HEADERS))
     for part in (
         torch.__version__,
         str(getattr(torch.version, "git_version", "")),

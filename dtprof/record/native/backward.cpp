@@ -20,7 +20,7 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
 
-#include <time.h>
+#include "clock.h"
 
 #include <atomic>
 #include <cstdint>
@@ -29,6 +29,8 @@
 #include <optional>
 
 namespace {
+
+using dtprof::now_ns;
 
 constexpr int64_t kRing = 4096;  // passes Python may fall behind by before losing some
 
@@ -44,13 +46,6 @@ struct Pass {
 Ring ring{};
 std::mutex mu;  // guards `open`
 std::optional<Pass> open;  // the pass in progress: its hook fired, its end has not come
-
-int64_t now_ns() {
-  // CLOCK_MONOTONIC: the clock of Python's time.perf_counter_ns() on Linux
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
-}
 
 // the engine's final callback: the end of the pass
 void pass_ends() {

@@ -32,7 +32,7 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #include <torch/library.h>
 
-#include <time.h>
+#include "clock.h"
 
 #include <array>
 #include <atomic>
@@ -47,6 +47,8 @@
 #include <vector>
 
 namespace {
+
+using dtprof::now_ns;
 
 constexpr int64_t kSlots = 64;  // watched process groups at most
 constexpr int64_t kFields = 13;  // a record's columns, in the order of Record
@@ -110,13 +112,6 @@ c10::Event record_event(c10::Device device) {
   }
   event->record(current_stream(device));
   return std::move(*event);
-}
-
-int64_t now_ns() {
-  // CLOCK_MONOTONIC: the clock of Python's time.perf_counter_ns() on Linux (checked on load)
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
 }
 
 void fail(const std::string& what) {
