@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
@@ -11,7 +12,11 @@ from dtprof import __version__
 from dtprof.commands import analyze, build_native, own_process
 from dtprof.commands import diff as diff_command
 from dtprof.commands import run as run_command
-from dtprof.commands.own_process import lean_arrow_allocator, pandas_held_back
+from dtprof.commands.own_process import (
+    lean_arrow_allocator,
+    no_blas_threads,
+    pandas_held_back,
+)
 from dtprof.errors import DtprofError
 
 
@@ -218,7 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
         usage="dtprof run [options] -- COMMAND ...",
     )
     run_command.add_arguments(rn)
-    rn.set_defaults(func=run_command.run)
+    rn.set_defaults(func=run_command.run, starts_a_job=True)
     rp = sub.add_parser("replay", help=_cmd_replay.__doc__, description=_cmd_replay.__doc__)
     _add_server_args(rp)
     rp.add_argument("--speed", type=float, default=1.0, help="times real time (default: 1)")
@@ -231,14 +236,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run() -> NoReturn:
-    """The ``dtprof`` command: main() in a process that is the command's own."""
+    """The ``dtprof`` command: main() in a process that is the command's own. What it leaves is
+    frozen before the interpreter ends, so that the interpreter's last garbage collections pass
+    over none of it (the hundreds of thousands of objects numpy and pyarrow make): a tenth of a
+    cold ``analyze`` of profiler traces (docs/kineto.md)."""
     own_process.OWN = True
-    raise SystemExit(main())
+    code = main()
+    gc.freeze()
+    raise SystemExit(code)
 
 
 def _dispatch(args: argparse.Namespace) -> int:
     try:
-        lean_arrow_allocator(getattr(args, "trace", None) or getattr(args, "source", None))
+        if not getattr(args, "starts_a_job", False):  # the job's environment stays its own
+            lean_arrow_allocator(getattr(args, "trace", None) or getattr(args, "source", None))
+            no_blas_threads()
         return int(args.func(args))
     except DtprofError as exc:
         print(f"dtprof: error: {exc}", file=sys.stderr)

@@ -1,7 +1,8 @@
 """What a ``dtprof`` command does differently when the process is its own (``dtprof.cli.run``,
-not ``main()`` called from a user's program): it leaves pandas unimported where no DataFrame is
-made, and reads profiler traces with Arrow's leaner allocator. Each is measured in
-docs/kineto.md; both only ever apply before what they affect is imported."""
+not ``main()`` called from a user's program): it loads numpy without OpenBLAS's spinning threads,
+leaves pandas unimported where no DataFrame is made, and reads profiler traces with Arrow's
+leaner allocator. Each is measured in docs/kineto.md; each only ever applies before what it
+affects is imported, and none reaches a job that ``dtprof run`` starts."""
 
 from __future__ import annotations
 
@@ -13,6 +14,22 @@ from collections.abc import Iterator
 from typing import Any
 
 OWN = False  # set by dtprof.cli.run(): the command has this process to itself
+
+
+BLAS_THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS")
+
+
+def no_blas_threads() -> None:
+    """Have OpenBLAS start no threads of its own when numpy loads, in the command's own process
+    and the worker processes it starts. Left to itself OpenBLAS starts a thread per further CPU
+    when numpy loads, and each spins, waiting for work, for about 60 ms of a CPU (numpy issue
+    29193: 1.3 s of CPU for a bare ``import numpy`` on a many-core machine). dtprof multiplies
+    no matrices: on a 2-CPU machine the spin takes the second CPU from the profiler-trace scan
+    of a cold ``analyze``. Set before numpy is imported, never over a thread count the user set,
+    and never for ``dtprof run``, whose job keeps its environment."""
+    if not OWN or "numpy" in sys.modules or any(os.environ.get(v) for v in BLAS_THREAD_VARIABLES):
+        return
+    os.environ["OPENBLAS_NUM_THREADS"] = "1"
 
 
 @contextlib.contextmanager

@@ -80,3 +80,31 @@ def test_the_start_up_hook_calls_back_once_a_watched_module_ran(tmp_path: Path) 
         check=True,
     )
     assert done.stdout.strip() == "[42]"
+
+
+def test_the_job_keeps_its_environment_where_other_commands_tune_theirs(tmp_path: Path) -> None:
+    """dtprof's own commands load numpy without OpenBLAS's spinning threads and read profiler
+    traces with Arrow's jemalloc; the job that ``dtprof run`` starts sees neither setting."""
+    tuned = ("OPENBLAS_NUM_THREADS", "ARROW_DEFAULT_MEMORY_POOL")
+    env = {k: v for k, v in os.environ.items() if k not in tuned}
+    probe = f"import os; print([os.environ.get(k) for k in {tuned!r}])"
+    job = [sys.executable, "-m", "dtprof", "run", "--trace", str(tmp_path / "t"), "--"]
+    done = subprocess.run(
+        [*job, sys.executable, "-c", probe], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[None, None]"
+    own = (
+        "import os, sys\n"
+        "from dtprof.commands import own_process\n"
+        "own_process.OWN = True\n"
+        "own_process.no_blas_threads()\n"
+        "import numpy\n"
+        "print(os.environ.get('OPENBLAS_NUM_THREADS'), len(os.listdir('/proc/self/task')))\n"
+    )
+    for user_set, expected in ((None, "1 1"), ("2", "2 ")):
+        run_env = env if user_set is None else {**env, "OPENBLAS_NUM_THREADS": user_set}
+        done = subprocess.run(
+            [sys.executable, "-c", own], env=run_env, capture_output=True, text=True, check=True
+        )
+        assert done.stdout.startswith(expected), done.stdout  # one thread: no OpenBLAS thread
