@@ -13,6 +13,7 @@ from dtprof.commands import analyze, build_native, own_process
 from dtprof.commands import diff as diff_command
 from dtprof.commands import run as run_command
 from dtprof.commands.own_process import (
+    keep_freed_memory,
     lean_arrow_allocator,
     no_blas_threads,
     pandas_held_back,
@@ -251,6 +252,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         if not getattr(args, "starts_a_job", False):  # the job's environment stays its own
             lean_arrow_allocator(getattr(args, "trace", None) or getattr(args, "source", None))
             no_blas_threads()
+            keep_freed_memory()
         return int(args.func(args))
     except DtprofError as exc:
         print(f"dtprof: error: {exc}", file=sys.stderr)

@@ -1,12 +1,14 @@
 """What a ``dtprof`` command does differently when the process is its own (``dtprof.cli.run``,
 not ``main()`` called from a user's program): it loads numpy without OpenBLAS's spinning threads,
-leaves pandas unimported where no DataFrame is made, and reads profiler traces with Arrow's
-leaner allocator. Each is measured in docs/kineto.md; each only ever applies before what it
-affects is imported, and none reaches a job that ``dtprof run`` starts."""
+has glibc keep the memory it frees, leaves pandas unimported where no DataFrame is made, and
+chooses Arrow's allocator for the trace it reads. Each is measured in docs/kineto.md or
+docs/scale.md; each only ever applies before what it affects, and none reaches a job that
+``dtprof run`` starts."""
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import platform
 import sys
@@ -30,6 +32,26 @@ def no_blas_threads() -> None:
     if not OWN or "numpy" in sys.modules or any(os.environ.get(v) for v in BLAS_THREAD_VARIABLES):
         return
     os.environ["OPENBLAS_NUM_THREADS"] = "1"
+
+
+M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # glibc's mallopt parameters (malloc.h)
+
+
+def keep_freed_memory() -> None:
+    """Have glibc's malloc keep the memory this command frees, for its next allocations, instead
+    of handing it back to the system at once. Left to itself glibc maps each array over 32 MB on
+    its own and unmaps it when freed, so every large array lands on pages never touched; the
+    kernel zeroes each one, and a virtual machine's host may first have to back it (here about
+    2 s a GB, against 0.3 s for reused memory). An analysis of a thousand ranks makes arrays of
+    hundreds of MB by the dozen: about a fifth of its time (docs/scale.md). The process's
+    resident memory then stays at its peak until the command ends. Only glibc (not musl or
+    macOS), and inherited by the worker processes forked from this one."""
+    if not OWN or sys.platform != "linux":
+        return
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: its own ways stay
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(M_MMAP_MAX, 0)  # large blocks from the heap, kept there once freed
+        libc.mallopt(M_TRIM_THRESHOLD, 2**31 - 1)  # the heap's top given back only past 2 GB
 
 
 @contextlib.contextmanager
@@ -62,14 +84,18 @@ class _HoldBack:
 
 
 def lean_arrow_allocator(source: str | None) -> None:
-    """Have Arrow allocate from jemalloc when this command reads PyTorch profiler traces.
+    """Choose Arrow's allocator for the trace this command reads: jemalloc for PyTorch profiler
+    traces, and in the command's own process glibc's malloc (Arrow's "system" pool) for dtprof
+    traces.
 
     Arrow's default allocator, mimalloc, keeps what each thread freed for that thread: importing
     profiler traces then peaks about a quarter higher than with jemalloc at the same speed
-    (docs/kineto.md). On dtprof's own traces mimalloc stays: there it is 10-15% faster
-    (benchmarks/analyze_scale.py). The choice is Arrow's environment variable, read when Arrow
-    first allocates: so only before pyarrow is imported, only where its wheels always carry
-    jemalloc (Linux on x86-64), and never over the user's own choice. It reaches the workers.
+    (docs/kineto.md). On dtprof traces the analysis's tables come back from its worker
+    processes by the gigabyte: from glibc's heap, which keep_freed_memory() has keep what it
+    frees, they land on memory already touched (docs/scale.md). The choice is Arrow's
+    environment variable, read when Arrow first allocates: so only before pyarrow is imported,
+    only where its wheels always carry jemalloc (Linux on x86-64), and never over the user's own
+    choice. It reaches the workers.
     """
     if source is None or "pyarrow" in sys.modules:
         return
@@ -78,8 +104,10 @@ def lean_arrow_allocator(source: str | None) -> None:
     from dtprof.trace.layout import has_rank_dirs  # imports only os
 
     try:
-        if os.path.isdir(source) and has_rank_dirs(source):
-            return  # a dtprof trace
+        dtprof_trace = os.path.isdir(source) and has_rank_dirs(source)
     except OSError:
         return  # the command says what is wrong with the path
-    os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "jemalloc")
+    if not dtprof_trace:
+        os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "jemalloc")
+    elif OWN:
+        os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
