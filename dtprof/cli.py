@@ -13,8 +13,8 @@ from dtprof.commands import analyze, build_native, own_process
 from dtprof.commands import diff as diff_command
 from dtprof.commands import run as run_command
 from dtprof.commands.own_process import (
+    choose_arrow_allocator,
     keep_freed_memory,
-    lean_arrow_allocator,
     no_blas_threads,
     pandas_held_back,
 )
@@ -250,7 +250,7 @@ def run() -> NoReturn:
 def _dispatch(args: argparse.Namespace) -> int:
     try:
         if not getattr(args, "starts_a_job", False):  # the job's environment stays its own
-            lean_arrow_allocator(getattr(args, "trace", None) or getattr(args, "source", None))
+            choose_arrow_allocator(getattr(args, "trace", None) or getattr(args, "source", None))
             no_blas_threads()
             keep_freed_memory()
         return int(args.func(args))

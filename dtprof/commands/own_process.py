@@ -43,9 +43,10 @@ def keep_freed_memory() -> None:
     its own and unmaps it when freed, so every large array lands on pages never touched; the
     kernel zeroes each one, and a virtual machine's host may first have to back it (here about
     2 s a GB, against 0.3 s for reused memory). An analysis of a thousand ranks makes arrays of
-    hundreds of MB by the dozen: about a fifth of its time (docs/scale.md). The process's
-    resident memory then stays at its peak until the command ends. Only glibc (not musl or
-    macOS), and inherited by the worker processes forked from this one."""
+    hundreds of MB by the dozen: about a tenth of its time here (docs/scale.md). The process's
+    resident memory then stays near its peak until the command ends (the analysis still hands
+    back the per-rank parts it has combined). Only glibc (not musl or macOS), and inherited by
+    the worker processes forked from this one."""
     if not OWN or sys.platform != "linux":
         return
     with contextlib.suppress(OSError, AttributeError):  # not glibc: its own ways stay
@@ -83,7 +84,7 @@ class _HoldBack:
             raise ModuleNotFoundError(f"{fullname} held back", name=fullname)
 
 
-def lean_arrow_allocator(source: str | None) -> None:
+def choose_arrow_allocator(source: str | None) -> None:
     """Choose Arrow's allocator for the trace this command reads: jemalloc for PyTorch profiler
     traces, and in the command's own process glibc's malloc (Arrow's "system" pool) for dtprof
     traces.

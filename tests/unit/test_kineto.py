@@ -474,7 +474,7 @@ def test_v100_reference_matches_hta_050_run_here() -> None:
     assert row["comm_overlap_pct"] == 0.0
 
 
-def test_profiler_traces_are_read_with_jemalloc_and_dtprof_traces_are_not(
+def test_profiler_traces_are_read_with_jemalloc_and_dtprof_traces_from_glibc_in_the_command(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import platform
@@ -488,16 +488,26 @@ def test_profiler_traces_are_read_with_jemalloc_and_dtprof_traces_are_not(
     (tmp_path / "t" / "rank=00000").mkdir(parents=True)
     probe = (
         "import os, sys; from dtprof.commands import own_process; "
-        "own_process.lean_arrow_allocator(sys.argv[1]); "
+        "own_process.OWN = sys.argv[2] == 'own'; "
+        "own_process.choose_arrow_allocator(sys.argv[1]); "
         "assert 'pyarrow' not in sys.modules; print(os.environ.get('ARROW_DEFAULT_MEMORY_POOL'))"
     )
     chosen = {
-        name: subprocess.run(
-            [sys.executable, "-c", probe, str(path)], capture_output=True, text=True, check=True
+        (name, own): subprocess.run(
+            [sys.executable, "-c", probe, str(path), own],
+            capture_output=True,
+            text=True,
+            check=True,
         ).stdout.strip()
         for name, path in [("profiler", profiler), ("dtprof", tmp_path / "t")]
+        for own in ("own", "called")
     }
-    assert chosen == {"profiler": "jemalloc", "dtprof": "None"}
+    assert chosen == {
+        ("profiler", "own"): "jemalloc",
+        ("profiler", "called"): "jemalloc",
+        ("dtprof", "own"): "system",  # from glibc's heap, which the command keeps
+        ("dtprof", "called"): "None",  # main() in a user's program: Arrow's own
+    }
 
 
 def test_import_workers_never_collect_garbage_they_inherit(tmp_path: Path) -> None:
