@@ -87,7 +87,7 @@ def test_the_job_keeps_its_environment_where_other_commands_tune_theirs(tmp_path
     """dtprof's own commands load numpy without OpenBLAS's spinning threads and read profiler
     traces with Arrow's jemalloc; the job that ``dtprof run`` starts sees neither setting."""
     tuned = ("OPENBLAS_NUM_THREADS", "ARROW_DEFAULT_MEMORY_POOL")
-    # none of the thread counts a user may set (an earlier test's torchrun sets OMP_NUM_THREADS)
+    # none of the thread counts a user may set (the full suite ran with OMP_NUM_THREADS set)
     unset = (*tuned, *BLAS_THREAD_VARIABLES)
     env = {k: v for k, v in os.environ.items() if k not in unset}
     probe = f"import os; print([os.environ.get(k) for k in {tuned!r}])"
