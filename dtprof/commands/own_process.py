@@ -44,10 +44,9 @@ def keep_freed_memory() -> None:
     kernel zeroes each one, and a virtual machine's host may first have to back it (here about
     2 s a GB, against about 0.1 s for memory freed a moment before). An analysis of a thousand
     ranks makes arrays of hundreds of MB by the dozen: about a tenth of its time here
-    (docs/scale.md). The process's
-    resident memory then stays near its peak until the command ends (the analysis still hands
-    back the per-rank parts it has combined). Only glibc (not musl or macOS), and inherited by
-    the worker processes forked from this one."""
+    (docs/scale.md). The process's resident memory then stays near its peak until the command
+    ends (the analysis still hands back the per-rank parts it has combined). Only glibc (not
+    musl or macOS), and inherited by the worker processes forked from this one."""
     if not OWN or sys.platform != "linux":
         return
     with contextlib.suppress(OSError, AttributeError):  # not glibc: its own ways stay
