@@ -416,8 +416,9 @@ def ranks_without_trace(run: RunSummary, ranks: Sequence[int] | None = None) -> 
 
 def release_memory() -> None:
     """Give the C heap's freed pages back to the system. glibc keeps them otherwise: the
-    per-rank summaries that came back from worker processes, dropped once combined, stayed
-    resident (2.6 GiB of them at 1024 ranks x 1000 steps)."""
+    per-rank summaries that came back from Dask's workers (or were made in this process),
+    dropped once combined, stayed resident (2.6 GiB of them at 1024 ranks x 1000 steps). Those
+    from a local pool are mapped from its workers' memory files, and go when dropped."""
     import ctypes
 
     with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to give back

@@ -1,5 +1,6 @@
-"""dtprof.parallel.map_items: in this process, or in a process pool, results in order; a worker
-that dies is one error; a trace read either way gives the same report."""
+"""dtprof.parallel.map_items: in this process, or in a process pool, results in order, their
+arrays back through memory files; a worker that dies is one error; a trace read either way gives
+the same report."""
 
 from __future__ import annotations
 
@@ -8,18 +9,28 @@ import re
 import signal
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
 import pytest
 
 import dtprof.analysis
 from dtprof.analysis import analyze
 from dtprof.errors import DtprofError
-from dtprof.parallel import PROCESSES_FROM, map_items
+from dtprof.parallel import PROCESSES_FROM, map_items, pack, unpack
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
 
 
 def _pid(item: object) -> tuple[int, object]:
     return os.getpid(), item
+
+
+def _arrays(n: int) -> dict[str, object]:
+    return {
+        "pid": os.getpid(),
+        "numbers": np.arange(n, dtype=np.int64) * 3,
+        "table": pa.table({"rank": pa.array([n] * n, pa.int32()), "op": ["all_reduce"] * n}),
+    }
 
 
 def _die_on_rank_5(item: tuple[str, int]) -> str:
@@ -72,3 +83,35 @@ def test_ranks_summarized_in_worker_processes_give_the_same_report(
     pooled = analyze(trace).to_json()
     assert pooled["summary"] == here["summary"] and pooled["findings"] == here["findings"]
     assert any(f["code"] == "straggler" for f in pooled["findings"])
+
+
+@pytest.mark.usefixtures("two_cpus")
+def test_arrays_come_back_from_workers_whole_and_this_process_may_change_them() -> None:
+    sizes = [0, 1, 100_000, 7, 250_000]
+    pooled = map_items(_arrays, sizes, processes=True)
+    assert all(r["pid"] != os.getpid() for r in pooled)
+    for n, result in zip(sizes, pooled, strict=True):
+        assert np.array_equal(result["numbers"], np.arange(n) * 3)
+        assert result["table"].equals(_arrays(n)["table"])
+        result["numbers"][:] = -1  # its own copy: the worker's file stays as it was
+    assert np.array_equal(pooled[2]["numbers"], np.full(100_000, -1))
+
+
+def test_a_result_packs_its_buffers_into_a_memory_file_where_the_system_has_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    result = _arrays(1000)
+    payload, shipped = pack(result)
+    if hasattr(os, "memfd_create"):
+        assert shipped is not None and isinstance(payload, bytes)
+        pid, _, spans = shipped
+        assert pid == os.getpid() and all(at % 64 == 0 for at, _ in spans)
+        assert len(payload) < 2_000  # the 8 kB of numbers and the table's columns travel apart
+    back = unpack((payload, shipped))
+    assert np.array_equal(back["numbers"], result["numbers"])
+    assert back["table"].equals(result["table"])
+    if shipped is not None:
+        os.close(shipped[1])  # a worker closes its files when it ends: this process goes on
+    assert pack({"no": "buffers"}) == ({"no": "buffers"}, None)
+    monkeypatch.delattr(os, "memfd_create", raising=False)
+    assert pack(result) == (result, None)  # elsewhere: the whole result through the pipe
