@@ -16,6 +16,7 @@ from dtprof.commands.own_process import (
     choose_arrow_allocator,
     keep_freed_memory,
     no_blas_threads,
+    no_huge_page_requests,
     pandas_held_back,
 )
 from dtprof.errors import DtprofError
@@ -252,6 +253,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         if not getattr(args, "starts_a_job", False):  # the job's environment stays its own
             choose_arrow_allocator(getattr(args, "trace", None) or getattr(args, "source", None))
             no_blas_threads()
+            no_huge_page_requests()
             keep_freed_memory()
         return int(args.func(args))
     except DtprofError as exc:

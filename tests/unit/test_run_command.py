@@ -84,9 +84,10 @@ def test_the_start_up_hook_calls_back_once_a_watched_module_ran(tmp_path: Path) 
 
 
 def test_the_job_keeps_its_environment_where_other_commands_tune_theirs(tmp_path: Path) -> None:
-    """dtprof's own commands load numpy without OpenBLAS's spinning threads and read profiler
-    traces with Arrow's jemalloc; the job that ``dtprof run`` starts sees neither setting."""
-    tuned = ("OPENBLAS_NUM_THREADS", "ARROW_DEFAULT_MEMORY_POOL")
+    """dtprof's own commands load numpy without OpenBLAS's spinning threads or its huge page
+    requests and read profiler traces with Arrow's jemalloc; the job that ``dtprof run`` starts
+    sees none of these settings."""
+    tuned = ("OPENBLAS_NUM_THREADS", "NUMPY_MADVISE_HUGEPAGE", "ARROW_DEFAULT_MEMORY_POOL")
     # none of the thread counts a user may set (the full suite ran with OMP_NUM_THREADS set)
     unset = (*tuned, *BLAS_THREAD_VARIABLES)
     env = {k: v for k, v in os.environ.items() if k not in unset}
@@ -96,18 +97,20 @@ def test_the_job_keeps_its_environment_where_other_commands_tune_theirs(tmp_path
         [*job, sys.executable, "-c", probe], env=env, capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "[None, None]"
+    assert done.stdout.strip() == "[None, None, None]"
     own = (
         "import os, sys\n"
         "from dtprof.commands import own_process\n"
         "own_process.OWN = True\n"
         "own_process.no_blas_threads()\n"
+        "own_process.no_huge_page_requests()\n"
         "import numpy\n"
-        "print(os.environ.get('OPENBLAS_NUM_THREADS'), len(os.listdir('/proc/self/task')))\n"
+        "print(os.environ.get('OPENBLAS_NUM_THREADS'), len(os.listdir('/proc/self/task')),\n"
+        "      os.environ.get('NUMPY_MADVISE_HUGEPAGE'))\n"
     )
-    for user_set, expected in ((None, "1 1"), ("2", "2 ")):
-        run_env = env if user_set is None else {**env, "OPENBLAS_NUM_THREADS": user_set}
-        done = subprocess.run(
-            [sys.executable, "-c", own], env=run_env, capture_output=True, text=True, check=True
-        )
-        assert done.stdout.startswith(expected), done.stdout  # one thread: no OpenBLAS thread
+    done = subprocess.run([sys.executable, "-c", own], env=env, capture_output=True, text=True)
+    assert done.stdout.split() == ["1", "1", "0"], done.stderr  # one thread: no OpenBLAS thread
+    user_set = {**env, "OPENBLAS_NUM_THREADS": "2", "NUMPY_MADVISE_HUGEPAGE": "1"}
+    done = subprocess.run([sys.executable, "-c", own], env=user_set, capture_output=True, text=True)
+    blas, _, huge = done.stdout.split()
+    assert (blas, huge) == ("2", "1"), done.stderr  # the user's own settings stay
