@@ -16,8 +16,10 @@ per-step values differ by a two-sided Mann-Whitney U test (normal approximation,
 corrected) at p < ALPHA, and the medians differ by more than the noise band: what a step of
 one run and a step of the other differ by 95% of the time under noise alone, 1.96 x the root of
 the sum of the two runs' squared spreads (each 1.4826 x its median absolute deviation: the
-standard deviation of normal noise). Throughput, memory and bandwidth are point figures: shown
-with their change, never called.
+standard deviation of normal noise) and by at least 1% of the base run's step. A part of the
+step that varies little (a data phase of 0.2 ms in a 70 ms step) can drift between runs by more
+than its steps vary, and a change that small moves no one's training. Throughput, memory and
+bandwidth are point figures: shown with their change, never called.
 """
 
 from __future__ import annotations
@@ -38,12 +40,14 @@ from dtprof.analysis.summarize import RunSummary
 ALPHA = 0.01
 MAD_TO_SIGMA = 1.4826
 BAND_Z = 1.96  # the two-sided 95% band of a normal difference
+MIN_STEP_SHARE = 0.01  # the smallest change called, as a share of the base run's step
 METRICS = ("step_ms", "compute_ms", "exposed_comm_ms", "data_ms", "other_ms")
 RANK_METRICS = ("step_ms", "compute_ms")
 TEST = (
     f"two-sided Mann-Whitney U over the steps after warm-up, p < {ALPHA}, and a change of the "
     f"median larger than the noise band: {BAND_Z} x the two runs' step-to-step spreads "
-    f"({MAD_TO_SIGMA} x MAD each) added in quadrature, what two steps differ by 95% of the time"
+    f"({MAD_TO_SIGMA} x MAD each) added in quadrature, what two steps differ by 95% of the "
+    f"time, and at least {MIN_STEP_SHARE:.0%} of the base run's step"
 )
 
 
@@ -74,13 +78,14 @@ def spread(x: np.ndarray) -> float:
     return MAD_TO_SIGMA * float(np.median(np.abs(x - np.median(x)))) if len(x) else math.nan
 
 
-def compare(base: np.ndarray, new: np.ndarray) -> dict[str, Any]:
-    """Medians, the change, the noise, the test's p and whether the change is called."""
+def compare(base: np.ndarray, new: np.ndarray, least: float = 0.0) -> dict[str, Any]:
+    """Medians, the change, the band it must pass (the noise, and at least ``least``), the
+    test's p and whether the change is called."""
     base, new = base[~np.isnan(base)], new[~np.isnan(new)]
     if not len(base) or not len(new):
         return {"base": None, "new": None, "called": False}
     b, n = float(np.median(base)), float(np.median(new))
-    noise = BAND_Z * math.hypot(spread(base), spread(new))
+    noise = max(BAND_Z * math.hypot(spread(base), spread(new)), least)
     p = mann_whitney_p(base, new)
     called = p < ALPHA and abs(n - b) > noise
     return {
@@ -128,11 +133,14 @@ def diff(base: tuple[RunSummary, Report], new: tuple[RunSummary, Report]) -> dic
     b, n = per_step(base_run), per_step(new_run)
     b_steps = b.groupby("step")[list(METRICS)].median()  # each step: its median over the ranks
     n_steps = n.groupby("step")[list(METRICS)].median()
+    least = MIN_STEP_SHARE * float(np.nanmedian(b_steps["step_ms"])) if len(b_steps) else 0.0
     return {
         "base": _about(base_report, b_steps),
         "new": _about(new_report, n_steps),
         "test": TEST,
-        "metrics": {m: compare(b_steps[m].to_numpy(), n_steps[m].to_numpy()) for m in METRICS},
+        "metrics": {
+            m: compare(b_steps[m].to_numpy(), n_steps[m].to_numpy(), least) for m in METRICS
+        },
         "ranks": _ranks(b, n),
         "throughput": _throughput(base_report, new_report),
         "memory": _memory(base_run, new_run),
@@ -168,12 +176,15 @@ def _about(report: Report, steps: pd.DataFrame) -> dict[str, Any]:
 
 
 def _ranks(b: pd.DataFrame, n: pd.DataFrame) -> list[dict[str, Any]]:
-    """Per rank in both runs, the called changes of RANK_METRICS (the rank's own steps)."""
+    """Per rank in both runs, the called changes of RANK_METRICS (the rank's own steps; at
+    least MIN_STEP_SHARE of its step in the base run)."""
     out = []
     b_by, n_by = dict(tuple(b.groupby("rank"))), dict(tuple(n.groupby("rank")))
     for rank in sorted(set(b_by) & set(n_by)):
+        least = MIN_STEP_SHARE * float(np.nanmedian(b_by[rank]["step_ms"]))
         for metric in RANK_METRICS:
-            result = compare(b_by[rank][metric].to_numpy(), n_by[rank][metric].to_numpy())
+            base, new = b_by[rank][metric].to_numpy(), n_by[rank][metric].to_numpy()
+            result = compare(base, new, least)
             if result["called"]:
                 out.append({"rank": int(rank), "metric": metric, **result})
     return out

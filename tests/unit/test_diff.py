@@ -53,6 +53,19 @@ def test_a_change_is_called_only_when_real_and_larger_than_the_noise() -> None:
     assert compare(base, np.array([np.nan]))["called"] is False
 
 
+def test_a_change_smaller_than_a_hundredth_of_the_step_is_never_called() -> None:
+    # a steady 0.20 ms data phase that reads 0.17 ms in the next run of a 70 ms step: real and
+    # beyond its own tiny noise, but no change to anyone's training
+    rng = np.random.default_rng(1)
+    data, again = 0.20 + rng.normal(0, 0.005, 40), 0.17 + rng.normal(0, 0.005, 40)
+    alone = compare(data, again)
+    assert alone["called"]  # by the noise alone it would be
+    held = compare(data, again, least=0.01 * 70)
+    assert not held["called"] and held["noise_pct"] == pytest.approx(350, abs=1)
+    # the same shift in a 2 ms data phase of a 10 ms step is a tenth of the step: called
+    assert compare(data + 1.8, again + 1.5, least=0.01 * 10)["called"]
+
+
 def test_a_recorded_straggler_against_a_healthy_run() -> None:
     done = _diff(SAMPLES / "healthy-ddp", SAMPLES / "straggler-ddp", "--format", "json")
     assert done.returncode == 0, done.stderr
