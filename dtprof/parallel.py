@@ -128,14 +128,16 @@ def pack(result: Any) -> tuple[Any, Shipped | None]:
         size += buffer.nbytes
     if size == 0:
         return result, None
-    fd = os.memfd_create("dtprof-result")
+    fd = -1
     try:
+        fd = os.memfd_create("dtprof-result")
         for (at, length), buffer in zip(spans, buffers, strict=True):
             done = 0
             while done < length:
                 done += os.pwrite(fd, buffer[done:], at + done)
-    except OSError:  # no room for it: the pipe
-        os.close(fd)
+    except OSError:  # no room for it, or no file descriptor left: the pipe
+        if fd >= 0:
+            os.close(fd)
         return result, None
     _RESULT_FILES.append(fd)
     return payload, (os.getpid(), fd, spans)

@@ -113,5 +113,11 @@ def test_a_result_packs_its_buffers_into_a_memory_file_where_the_system_has_them
     if shipped is not None:
         os.close(shipped[1])  # a worker closes its files when it ends: this process goes on
     assert pack({"no": "buffers"}) == ({"no": "buffers"}, None)
+
+    def no_file_left(name: str) -> int:
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(os, "memfd_create", no_file_left, raising=False)
+    assert pack(result) == (result, None)  # out of file descriptors: the pipe
     monkeypatch.delattr(os, "memfd_create", raising=False)
     assert pack(result) == (result, None)  # elsewhere: the whole result through the pipe
