@@ -169,6 +169,8 @@ class PhaseHooks:
             self._phase_ends("forward", self._fwd_start, t, self._fwd_event)
             self._fwd_event = None
             if torch.is_grad_enabled():
+                if self._bwd_start is not None and not _in_backward():
+                    self._forget_open_backward()
                 # a hook on the node that makes each output: called as its gradient arrives
                 native = self.native_passes if self.prof.gpu_timer is None else None
                 step = self.prof.step_index
@@ -193,6 +195,15 @@ class PhaseHooks:
                 torch.autograd.Variable._execution_engine.queue_callback(self._backward_ends)
         except Exception as exc:
             self.prof.hook_failed("phases", exc)
+
+    def _forget_open_backward(self) -> None:
+        """A backward pass that raised never reached its end: without this, no later pass would
+        be timed (each waits for the open one to end)."""
+        self._bwd_start = None
+        timer = self.prof.gpu_timer
+        if timer is not None:
+            timer.release(self._bwd_event)
+        self._bwd_event = None
 
     def _backward_ends(self) -> None:
         t = now_ns()
@@ -261,6 +272,13 @@ class PhaseHooks:
             timer.pair(event, (step, name, "phase", None, None), start, end)
 
 
+def _in_backward() -> bool:
+    """Whether this thread is inside a backward pass (a forward recomputed for activation
+    checkpointing): False where torch cannot say."""
+    task_id = getattr(torch._C, "_current_graph_task_id", None)
+    return task_id is not None and task_id() != -1
+
+
 class NativePasses:
     """The backward passes the native kernel times: its hook on an output's autograd node
     (``watch``), and the ring of finished passes it writes in its memory (``take``)."""
@@ -272,7 +290,6 @@ class NativePasses:
         lib.dtprof_backward_watcher.restype = ctypes.py_object
         self._watch = lib.dtprof_backward_watcher()
         lib.dtprof_backward_ring.restype = ctypes.c_int64
-        lib.dtprof_backward_reset()  # a pass an earlier profile left open is not this one's
         ring = ctypes.c_int64 * (1 + 3 * self.RING)
         self._ring = ring.from_address(lib.dtprof_backward_ring())
         self._read = self._ring[0]  # the passes written before this profile are not its own

@@ -69,6 +69,48 @@ def test_each_backward_pass_of_a_step_is_a_span(tmp_path: Path, kernel: str) -> 
         assert (rows["end_ns"] >= rows["start_ns"]).all()
 
 
+class _RaisesOnce(torch.autograd.Function):
+    """The identity, whose backward raises the first time (an out-of-memory error, say)."""
+
+    raised = False
+
+    @staticmethod
+    def forward(ctx: object, x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: object, grad: torch.Tensor) -> torch.Tensor:
+        if not _RaisesOnce.raised:
+            _RaisesOnce.raised = True
+            raise RuntimeError("out of memory (planted)")
+        return grad
+
+
+def test_a_backward_pass_that_raised_leaves_the_next_ones_timed(
+    tmp_path: Path, kernel: str
+) -> None:
+    """A user catches a failed backward (a batch too large, say) and trains on: the pass that
+    raised has no span, every later one has its own."""
+    _RaisesOnce.raised = False
+    inner = nn.Linear(8, 8)
+    model = nn.Sequential(inner, nn.Linear(8, 1))
+    inner.register_forward_hook(lambda m, a, out: _RaisesOnce.apply(out))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with dtprof.profile(tmp_path, model=model, optimizer=opt, clock_sync=False) as prof:
+        for step in range(4):
+            try:
+                model(torch.randn(4, 8)).sum().backward()
+            except RuntimeError:
+                assert step == 0
+            opt.step()
+            opt.zero_grad()
+            prof.step()
+    trace = dtprof.load_trace(tmp_path)
+    assert trace.meta[0].backward_timing.startswith(kernel)
+    backward = trace.spans[trace.spans["name"] == "backward"]
+    assert sorted(backward["step"]) == [1, 2, 3]
+
+
 def test_native_backward_passes_are_read_from_the_ring_in_order_and_losses_counted() -> None:
     """The ring the C++ hook writes (written count, then step, start, end per pass), read as
     Python reads it: what came since the last read, oldest first; what was written over before

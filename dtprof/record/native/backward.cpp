@@ -12,6 +12,9 @@
 // (made by dtprof_backward_watcher(), which Python fetches once through ctypes), as cheap to
 // call as any: a call through ctypes or a torch operator costs several times more.
 //
+// A pass whose backward raised never reaches its end: the next forward pass outside a backward
+// forgets it (watch), so that the passes after it are timed.
+//
 // Under compiled autograd the hook is skipped (it tells the compiler nothing), so the pass
 // has no span there; it never makes the user's backward fail.
 
@@ -19,6 +22,7 @@
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/graph_task.h>
 
 #include "clock.h"
 
@@ -102,6 +106,12 @@ struct PassBegins final : torch::autograd::FunctionPreHook {
 // leaf); -1: the hook could not be added
 int watch(int64_t tensor_impl, int64_t step) {
   try {
+    if (torch::autograd::get_current_graph_task_id() == -1) {
+      // a forward pass outside any backward: a pass still open is one that raised (its end
+      // never came), and would keep every later pass from being timed
+      std::lock_guard<std::mutex> guard(mu);
+      open.reset();
+    }
     auto* impl = reinterpret_cast<c10::TensorImpl*>(tensor_impl);
     const at::Tensor tensor(
         c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>::reclaim_copy(impl));
@@ -145,11 +155,5 @@ PyObject* dtprof_backward_watcher() { return PyCFunction_New(&watch_def, nullptr
 
 // the ring's address, for Python's ctypes view of it
 int64_t dtprof_backward_ring() { return reinterpret_cast<int64_t>(&ring); }
-
-// a pass left open by a backward that raised (its end never came) is forgotten
-void dtprof_backward_reset() {
-  std::lock_guard<std::mutex> guard(mu);
-  open.reset();
-}
 
 }  // extern "C"
