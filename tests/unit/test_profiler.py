@@ -111,6 +111,37 @@ def test_a_backward_pass_that_raised_leaves_the_next_ones_timed(
     assert sorted(backward["step"]) == [1, 2, 3]
 
 
+def test_a_pass_under_compiled_autograd_leaves_the_next_ones_timed(
+    tmp_path: Path, kernel: str
+) -> None:
+    """Under compiled autograd the pass is not timed (the native hook is skipped there, the
+    Python one is traced into the graph and its end never comes); the passes after it are."""
+    compiled_autograd = pytest.importorskip("torch._dynamo.compiled_autograd")
+    if not hasattr(compiled_autograd, "_enable"):
+        pytest.skip("this torch enables compiled autograd another way")
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with (
+        warnings.catch_warnings(),  # dynamo's warning about the hook it cannot trace
+        dtprof.profile(tmp_path, model=model, optimizer=opt, clock_sync=False) as prof,
+    ):
+        warnings.simplefilter("ignore")
+        for step in range(4):
+            loss = model(torch.randn(4, 8)).sum()
+            if step == 1:
+                with compiled_autograd._enable(torch.compile(backend="eager")):
+                    loss.backward()
+            else:
+                loss.backward()
+            opt.step()
+            opt.zero_grad()
+            prof.step()
+    trace = dtprof.load_trace(tmp_path)
+    assert trace.meta[0].backward_timing.startswith(kernel)
+    backward = trace.spans[trace.spans["name"] == "backward"]
+    assert sorted(backward["step"]) == [0, 2, 3]
+
+
 def test_native_backward_passes_are_read_from_the_ring_in_order_and_losses_counted() -> None:
     """The ring the C++ hook writes (written count, then step, start, end per pass), read as
     Python reads it: what came since the last read, oldest first; what was written over before
