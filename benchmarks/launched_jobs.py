@@ -153,11 +153,19 @@ def launch(kind: str, how: str | None, ranks: int, steps: int, root: Path) -> di
         command += [*torchrun, *job]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "DTPROF_DISABLE": "0"}
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
-    if done.returncode != 0:
+    figures = [out / f"rank-{r}.json" for r in range(ranks)]
+    if done.returncode != 0 and not all(f.exists() for f in figures):
         raise RuntimeError(f"{kind} ({how or 'bare'}) failed:\n{done.stderr[-3000:]}")
+    if done.returncode != 0:  # every rank trained and wrote its times: it failed on its way out
+        last = (done.stderr.strip().splitlines() or ["no message"])[-1]
+        print(
+            f"{kind} ({how or 'bare'}) exited {done.returncode} after every rank wrote its "
+            f"times, which are kept: {last}",
+            file=sys.stderr,
+        )
     if how is not None and not list((out / "trace").glob("rank=*")):
         raise RuntimeError(f"{kind} ({how}) wrote no trace:\n{done.stderr[-3000:]}")
-    per_rank = [json.loads((out / f"rank-{r}.json").read_text()) for r in range(ranks)]
+    per_rank = [json.loads(f.read_text()) for f in figures]
     wall = [sum(s) / ranks for s in zip(*(p["wall"] for p in per_rank), strict=True)][SKIP:]
     cpu = [sum(s) / ranks for s in zip(*(p["cpu"] for p in per_rank), strict=True)][SKIP:]
     return {"wall_ms": statistics.median(wall) / 1e6, "cpu_ms": statistics.fmean(cpu) / 1e6}
