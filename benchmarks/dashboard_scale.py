@@ -27,7 +27,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from analyze_scale import build_trace, peak_rss_until_exit
+from analyze_scale import build_trace, peak_rss_until_exit, used_bytes
 
 from dashboard.app import create_app
 from dashboard.pages import (
@@ -112,7 +112,7 @@ def full_load(trace: Path) -> tuple[list[tuple[str, float, float]], float]:
     """all_pages in a fresh process: its rows and the peak GiB of that process and its workers."""
     cmd = [sys.executable, __file__, "--out", str(trace), "--child"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
-    peak = peak_rss_until_exit(proc)
+    peak, _ = peak_rss_until_exit(proc, used_bytes())
     out = proc.stdout.read() if proc.stdout else ""
     if proc.returncode:
         sys.exit(f"the full load failed ({proc.returncode})")
