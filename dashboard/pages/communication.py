@@ -66,8 +66,8 @@ def ops(data: RunData, steps: Window = (None, None)) -> pd.DataFrame:
 def bandwidth(data: RunData, steps: Window = (None, None)) -> pd.DataFrame:
     """The report's bandwidth rows over the steps shown, with label and hover."""
     b = pd.DataFrame(bandwidth_rows(data.run.matched, steps, data.run.collectives))
-    if b.empty:
-        return b.assign(label=[], hover=[])
+    if b.empty:  # no collective matched in the steps shown: the columns the figure reads
+        return pd.DataFrame({"label": [], "busbw_gbs": [], "hover": []})
     b["label"] = b["op"] + " " + b["band"] + " (group " + b["group"] + ")"
     b["hover"] = (
         b["label"]

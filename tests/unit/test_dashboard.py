@@ -195,6 +195,9 @@ def test_communication_of_poor_overlap_is_exposed() -> None:
     assert bandwidth["hover"].str.contains("busbw").all()
     later = communication.bandwidth(snap.data, (20, None))  # the steps shown
     assert later["calls"].sum() < bandwidth["calls"].sum()
+    # steps the trace does not have: every figure says so, none fails
+    beyond = communication.update(snap, None, "1000:")
+    assert len(beyond) == 3 and not _traces(beyond[0]) and not _traces(beyond[1])
 
 
 def test_pipeline_chart_shades_idle_and_compares_with_theory() -> None:
