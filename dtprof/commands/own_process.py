@@ -105,9 +105,9 @@ def choose_arrow_allocator(source: str | None) -> None:
 
     Arrow's default allocator, mimalloc, keeps what each thread freed for that thread: importing
     profiler traces then peaks about a quarter higher than with jemalloc at the same speed
-    (docs/kineto.md). On dtprof traces the analysis's tables come back from its worker
-    processes by the gigabyte: from glibc's heap, which keep_freed_memory() has keep what it
-    frees, they land on memory already touched (docs/scale.md). The choice is Arrow's
+    (docs/kineto.md). On dtprof traces the analysis concatenates and computes tables by the
+    gigabyte: from glibc's heap, which keep_freed_memory() has keep what it frees, Arrow's
+    allocations land on memory already touched (docs/scale.md). The choice is Arrow's
     environment variable, read when Arrow first allocates: so only before pyarrow is imported,
     only where its wheels always carry jemalloc (Linux on x86-64), and never over the user's own
     choice. It reaches the workers.
