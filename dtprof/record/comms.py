@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
+from dtprof.record import gpu_timing
 from dtprof.trace.meta import InflightOp
 
 if TYPE_CHECKING:
@@ -348,8 +349,8 @@ class CommRecorder:
             return result
         if call.op == "recv" and record[6] is None and isinstance(result, int):
             self.inflight[token] = (*record[:6], result, *record[7:])
-        if not record[8] or result is None:
-            self._complete(token)
+        if not record[8] or result is None or gpu_timing.capturing():
+            self._complete(token)  # (a launch into a CUDA graph's capture completes at once)
             return result
         if call.op not in self._no_future:
             try:
@@ -415,6 +416,9 @@ class CommRecorder:
             self.prof.step_index, gname, seq, "all_reduce", nbytes, dtype, None, start, True, label
         )  # fmt: skip
         if tensors[0].is_cuda:
+            if gpu_timing.capturing():  # runs only on the graph's replays
+                self._complete(token)
+                return
             timer = self.prof.gpu_timer
             if timer is not None:  # the current stream, just after the launch made the
                 # communication wait for it: where the bucket's gradients are ready

@@ -18,6 +18,10 @@ behind the host) new intervals are not timed on the GPU, and meta.json counts th
 kept in a pool and recorded again once read. Nothing is recorded while the current stream is
 being captured into a CUDA graph (the hooks then run once, at capture; replays run no Python).
 
+The writer thread reads events back in CUDA's relaxed capture mode (``relaxed_capture_mode``):
+under the default ("global") mode of ``torch.cuda.graph``, an event query from any other thread
+while the training thread captures a graph would invalidate the user's capture.
+
 Collectives: the start event is recorded where the call is made (the communication stream
 waits for the current stream there), the end event where the call returns for a synchronous
 one (the current stream then waits for the communication), or in the callback of its future
@@ -29,8 +33,11 @@ from __future__ import annotations
 
 import bisect
 import collections
+import contextlib
+import ctypes
+import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -46,6 +53,49 @@ now_ns = time.perf_counter_ns
 MAX_PENDING = 20_000  # pairs waiting for the GPU: ~2 s of a step with 10,000 launches
 ANCHOR_EVERY_S = 5.0
 KEEP_ANCHORS = 120  # ten minutes of anchors: a pair older than that uses the oldest
+
+
+CAPTURE_MODE_RELAXED = 2  # CUstreamCaptureMode: this thread's calls are never refused for a capture
+
+
+@functools.cache
+def _exchange_capture_mode() -> Any:
+    """The CUDA driver's cuThreadExchangeStreamCaptureMode (the mode lives in the driver, per
+    thread, for the runtime's calls too), or None where it cannot be had."""
+    try:
+        exchange = ctypes.CDLL("libcuda.so.1").cuThreadExchangeStreamCaptureMode
+    except (OSError, AttributeError):
+        return None
+    exchange.argtypes = [ctypes.POINTER(ctypes.c_int)]
+    exchange.restype = ctypes.c_int
+    return exchange
+
+
+@contextlib.contextmanager
+def relaxed_capture_mode() -> Iterator[None]:
+    """This thread's CUDA calls in the relaxed capture mode, and back to its own mode after.
+
+    A graph captured in the "global" mode (``torch.cuda.graph``'s default) is invalidated by an
+    event query or synchronization made on any thread while it is captured; the writer thread
+    reads events back at any time, so it does so in this mode, as PyTorch's NCCL watchdog does.
+    Nothing is asked of CUDA where this process has not initialized it."""
+    exchange = _exchange_capture_mode() if torch.cuda.is_initialized() else None
+    mode = ctypes.c_int(CAPTURE_MODE_RELAXED)
+    if exchange is None or exchange(ctypes.byref(mode)) != 0:
+        yield
+        return
+    try:
+        yield
+    finally:
+        exchange(ctypes.byref(mode))
+
+
+def capturing() -> bool:
+    """Whether this thread's current CUDA stream is being captured into a CUDA graph (a flag
+    read where this process has not initialized CUDA). Work launched there runs only on the
+    graph's replays: it gets no events and no callback on its future, whose streams would join
+    the capture and never leave it, which invalidates the graph."""
+    return torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()
 
 
 def wanted(prof: Profiler, model: Any) -> str | None:

@@ -497,9 +497,10 @@ class Profiler:
         if "writer-tick" in self._switched_off:
             return
         try:
-            self.comms.sync_native()
-            self._drain_gpu_timer()
-            self._resolve_pending_scalars()
+            with gpu_timing.relaxed_capture_mode():  # never breaks a graph the user captures
+                self.comms.sync_native()
+                self._drain_gpu_timer()
+                self._resolve_pending_scalars()
             self.gpu.maybe_sample()
             self.watchdog.check()
             snapshot = self.comms.inflight_snapshot()

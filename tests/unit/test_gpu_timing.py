@@ -183,3 +183,28 @@ def test_a_cuda_collective_stays_in_flight_until_the_gpu_has_passed_it(timer, mo
     assert recorder.inflight_snapshot() == []
     (row,) = timer.out
     assert row[:5] == (3, "all_reduce", "collective", "0", 0)
+
+
+def test_events_are_read_in_the_relaxed_capture_mode_and_the_threads_mode_comes_back(
+    monkeypatch,
+) -> None:
+    modes = [0]  # this thread's capture mode, as the driver keeps it: global to begin with
+    calls: list[int] = []
+
+    def exchange(pointer: Any) -> int:
+        mode = pointer._obj
+        calls.append(mode.value)
+        modes[-1], mode.value = mode.value, modes[-1]
+        return 0
+
+    monkeypatch.setattr(gpu_timing, "_exchange_capture_mode", lambda: exchange)
+    monkeypatch.setattr("torch.cuda.is_initialized", lambda: True)
+    with gpu_timing.relaxed_capture_mode():
+        assert modes == [gpu_timing.CAPTURE_MODE_RELAXED]
+    assert modes == [0] and calls == [gpu_timing.CAPTURE_MODE_RELAXED, 0]
+
+    monkeypatch.setattr("torch.cuda.is_initialized", lambda: False)  # a CPU job: CUDA untouched
+    calls.clear()
+    with gpu_timing.relaxed_capture_mode():
+        pass
+    assert calls == []

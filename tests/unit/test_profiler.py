@@ -416,6 +416,26 @@ def test_collectives_in_a_world_of_one_and_the_api_restored_after(
     assert (coll["end_ns"] >= coll["start_ns"]).all()
 
 
+def test_an_async_collective_launched_into_a_graph_capture_gets_no_callback(
+    tmp_path: Path, world_of_one, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a callback's streams would join the capture and never leave it: the user's graph breaks
+    from dtprof.record import comms, gpu_timing
+
+    callbacks: list[int] = []
+    on_future = comms.CommRecorder._on_future
+    monkeypatch.setattr(gpu_timing, "capturing", lambda: True)
+    monkeypatch.setattr(
+        comms.CommRecorder, "_on_future", lambda *a: callbacks.append(1) or on_future(*a)
+    )
+    with dtprof.profile(tmp_path) as prof:
+        dist.all_reduce(torch.ones(4), async_op=True).wait()
+        prof.step()
+    coll = dtprof.load_trace(tmp_path).collectives
+    assert list(coll["op"]) == ["all_reduce"] and list(coll["async_op"]) == [True]
+    assert callbacks == []
+
+
 def test_every_collective_of_the_api_is_wrapped(tmp_path: Path, world_of_one) -> None:
     t = torch.ones(4)
     calls = {

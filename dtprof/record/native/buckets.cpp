@@ -21,6 +21,7 @@
 // and waited for by anchor(), whose host time is known to within half that wait. These are
 // c10::Events, device-generic: nothing here needs CUDA's headers, and a CPU build of torch
 // never makes one. What dtprof/record/gpu_timing.py does in Python for the other intervals.
+// A call launched into a CUDA graph's capture is recorded on the host alone (capturing()).
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/Event.h>
@@ -33,6 +34,8 @@
 #include <torch/library.h>
 
 #include "clock.h"
+
+#include <dlfcn.h>
 
 #include <array>
 #include <atomic>
@@ -114,6 +117,25 @@ c10::Event record_event(c10::Device device) {
   return std::move(*event);
 }
 
+// Whether `stream`, a CUDA stream, is being captured into a CUDA graph, as the driver (loaded
+// by the process that has CUDA tensors) says. A launch into a capture does not run: its future
+// completes at once, and a callback on it would run on streams that join the capture and are
+// never joined back, which invalidates the user's graph. Where the driver cannot be asked (no
+// such library), false; where it does not answer, true: nothing is attached then.
+bool capturing(const c10::Stream& stream) {
+  using IsCapturing = int (*)(void*, int*);  // cuStreamIsCapturing(CUstream, status*)
+  static const IsCapturing ask = [] {
+    void* driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+    return driver ? reinterpret_cast<IsCapturing>(dlsym(driver, "cuStreamIsCapturing"))
+                  : nullptr;
+  }();
+  if (ask == nullptr) {
+    return false;
+  }
+  int status = 0;  // CU_STREAM_CAPTURE_STATUS_NONE
+  return ask(stream.native_handle(), &status) != 0 || status != 0;
+}
+
 void fail(const std::string& what) {
   enabled.store(false);
   std::lock_guard<std::mutex> guard(mu);
@@ -173,6 +195,7 @@ void kernel(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit:
   Record rec{};
   int64_t slot = -1;
   std::optional<c10::Device> gpu;  // the device of a call timed on the GPU
+  std::optional<c10::Device> cuda;  // the device of a call on CUDA tensors
   if (enabled.load(std::memory_order_relaxed) && api_depth == 0 && stack->size() >= 6) {
     try {
       const auto base = stack->size() - 6;
@@ -197,8 +220,11 @@ void kernel(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit:
           rec.start_ns = start;
           rec.end_ns = -1;
           rec.gpu_start_ns = rec.gpu_end_ns = -1;
-          if (first.is_cuda() && gpu_timing.load(std::memory_order_relaxed)) {
-            gpu = first.device();
+          if (first.is_cuda()) {
+            cuda = first.device();
+            if (gpu_timing.load(std::memory_order_relaxed)) {
+              gpu = cuda;
+            }
           }
         }
       }
@@ -223,6 +249,15 @@ void kernel(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit:
   }
   try {
     auto work = stack->back().toCustomClass<c10d::Work>();
+    if (cuda && capturing(current_stream(*cuda))) {  // captured, not run: no event, no callback
+      {
+        std::lock_guard<std::mutex> guard(mu);
+        rec.id = next_id++;
+        inflight.emplace(rec.id, rec);
+      }
+      completed(rec.id, false, std::nullopt);
+      return;
+    }
     std::optional<c10::Event> start_event;
     if (gpu) {  // the current stream, just after the launch made the communication wait for it
       try {
