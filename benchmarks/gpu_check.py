@@ -1,6 +1,7 @@
 """GPU check: dtprof's CUDA path on one GPU, in a few minutes (benchmarks/gpu_check.sh runs it).
 
     python benchmarks/gpu_check.py --out DIR [--work DIR] [--steps 50] [--rounds 8]
+                                  [--parts 1,2,3,4,5] [--gpu-modes ...] [--cases ...]
 
 1. **NCCL, a world of one**: a small decoder-style transformer trained with DDP (bf16 autocast)
    under ``dtprof.profile`` with everything on (phases, a user region, DDP's buckets, a
@@ -19,7 +20,14 @@
    rounds, each block's first WARM steps left out; then bare and recorded at a batch where
    the GPU, not the host, bounds the step (goal: recorded / bare <= 1.01). Each ratio also
    paired: to the bare block of the same round, since the host's speed drifts between rounds.
+   Then what CUDA events cost the GPU while it computes, wherever they are recorded.
 4. ``dtprof analyze`` on each trace.
+5. **Captures and a later attach**, each in a process of its own: a model's step captured
+   into a CUDA graph in the "global" mode while dtprof's writer reads events back (with its
+   relaxed capture mode, and without it), and the same with no dtprof and with a thread of
+   the script's own; DDP's whole step captured on NCCL, bare and recorded; a script that
+   knows nothing of dtprof run under ``dtprof run``, its model made on CUDA after recording
+   started; a CUDA job with ``gpu_timing=False`` (the backward by the native kernel's hook).
 
 Writes ``gpu_check.json`` (every figure) and ``gpu_check.txt`` (a short table) to ``--out``,
 with both reports beside them; the traces go to ``--work``. Exits 0 when it ran to the end;
@@ -30,8 +38,10 @@ reason to lose the others).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
+import random
 import socket
 import statistics
 import subprocess
@@ -47,6 +57,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import dtprof
+import dtprof.record.gpu
+import dtprof.record.phases
 from dtprof.trace.reader import read_rank_meta, read_table
 from dtprof.trace.schema import TABLES
 
@@ -292,15 +304,26 @@ MODES: dict[str, dict[str, Any] | None] = {
     "dtprof-no-nvml": {"gpu_sample_interval_s": 0},
     "dtprof-no-model": {"model": None, "optimizer": None},
     "dtprof-no-log": {"log": False},  # the loop does not call prof.log(loss=...)
+    "dtprof-no-gpm": {"no_gpm": True},  # NVML without its GPU performance metrics
+    "bare-again": None,  # a second bare block each round: the noise floor
+    "dtprof-gpu-phases-only": {"bucket_events": False},  # DDP's buckets not timed on the GPU
+    "dtprof-gpu-buckets-only": {"phase_events": False},  # phases not timed on the GPU
 }
+# the modes of part 3's first loop, batch 8, where the host's launches bound the step
+# (on the lent H200 the bare blocks of this loop alone spread by 10%: too noisy for a 1% goal)
+LAUNCH_BOUND_MODES = ["bare", "bare-again", "dtprof"]
 GPU_BOUND_BATCH = 64  # part 3's second loop: a batch whose step the GPU, not the host, bounds
-# (the run of docs/gpu.md had bare, dtprof, dtprof-python-kernel and dtprof-no-log)
-GPU_BOUND_MODES = ["bare", "dtprof", "dtprof-no-gpu-timing", "dtprof-no-nvml", "dtprof-no-model"]
+# (NVML, GPM, the phases' hooks and prof.log were each seen to cost nothing here: docs/gpu.md)
+GPU_BOUND_MODES = ["bare", "bare-again", "dtprof", "dtprof-no-gpu-timing"]
+GPU_BOUND_MODES += ["dtprof-gpu-phases-only", "dtprof-gpu-buckets-only"]
 
 
-def part_three(out: Path, steps: int, rounds: int, width: int, layers: int) -> dict[str, Any]:
-    """The overhead in a process of its own (no NCCL timing or hooks of part 1's): each mode
-    of MODES in blocks of WARM + ``steps`` steps, the order rotated each round; of each block,
+def part_three(
+    out: Path, steps: int, rounds: int, width: int, layers: int, loops: dict[str, list[str]]
+) -> dict[str, Any]:
+    """The overhead in a process of its own (no NCCL timing or hooks of part 1's): in each
+    loop, the modes of ``loops`` (MODES' names; none: the loop is left out) in blocks of WARM +
+    ``steps`` steps, in a random order each round; of each block,
     the steps after WARM, synchronized at both ends: wall ms per step, the process's CPU ms per
     step (every thread), and the host's ms in forward, backward and the optimizer."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
@@ -311,24 +334,74 @@ def part_three(out: Path, steps: int, rounds: int, width: int, layers: int) -> d
     model = DDP(Transformer(width, layers).to(device), device_ids=[0])
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     tokens = torch.randint(0, VOCAB, (BATCH, SEQ + 1), device=device)
-    for _ in range(WARM):
-        train_step(model, opt, tokens)
-    names = list(MODES)
-    got = rotated(model, opt, tokens, steps, rounds, names, out / "launch-bound")
-    big = torch.randint(0, VOCAB, (GPU_BOUND_BATCH, SEQ + 1), device=device)
-    for _ in range(WARM):
-        train_step(model, opt, big)
-    gpu_bound = rotated(model, opt, big, steps // 3, rounds, GPU_BOUND_MODES, out / "gpu-bound")
-    host_us = host_costs(tokens)
+    found: dict[str, Any] = {"warm_steps_per_block": WARM, "rounds": rounds, "goal": 1.01}
+    if loops["launch"]:
+        for _ in range(WARM):
+            train_step(model, opt, tokens)
+        got = shuffled(model, opt, tokens, steps, rounds, loops["launch"], out / "launch-bound")
+        found["launch_bound"] = {"batch": BATCH, "steps_per_block": steps, **ratios(got)}
+    if loops["gpu"]:
+        big = torch.randint(0, VOCAB, (GPU_BOUND_BATCH, SEQ + 1), device=device)
+        for _ in range(WARM):
+            train_step(model, opt, big)
+        got = shuffled(model, opt, big, steps // 3, rounds, loops["gpu"], out / "gpu-bound")
+        found["gpu_bound"] = {
+            "batch": GPU_BOUND_BATCH,
+            "steps_per_block": steps // 3,
+            **ratios(got),
+        }
+    found["host_us"] = host_costs(tokens)
+    found["event_costs"] = event_costs(device)
     dist.barrier()
     dist.destroy_process_group()
+    return found
+
+
+def event_costs(device: torch.device, gemms: int = 2000, every: int = 10) -> dict[str, Any]:
+    """What CUDA events cost the GPU while it computes: a stream of ``gemms`` bf16 matrix
+    products (4096²), with, after every ``every``-th, one of: nothing; a timing event on the
+    compute stream (as phases record); a second stream made to wait for the compute stream and
+    a timing event recorded there (as a collective's callback records its end); the same with
+    an event without timing; a timing event on an idle stream (an anchor). Five interleaved
+    rounds; the median time of each, and its ratio to nothing."""
+    a = torch.randn(4096, 4096, device=device, dtype=torch.bfloat16)
+    side, idle = torch.cuda.Stream(device), torch.cuda.Stream(device)
+    ready = torch.cuda.Event()
+    pool = [torch.cuda.Event(enable_timing=True) for _ in range(gemms // every + 1)]
+    plain = [torch.cuda.Event() for _ in range(gemms // every + 1)]
+
+    def compute_timing(k: int) -> None:
+        pool[k].record()
+
+    def side_after_wait(events: list[torch.cuda.Event], k: int) -> None:
+        ready.record()
+        side.wait_event(ready)
+        events[k].record(side)
+
+    variants = {
+        "none": lambda k: None,
+        "timing event, compute stream": compute_timing,
+        "timing event, side stream after a wait": lambda k: side_after_wait(pool, k),
+        "plain event, side stream after a wait": lambda k: side_after_wait(plain, k),
+        "timing event, idle stream": lambda k: pool[k].record(idle),
+    }
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(5):
+        for name, action in variants.items():
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for i in range(gemms):
+                torch.mm(a, a)
+                if i % every == 0:
+                    action(i // every)
+            torch.cuda.synchronize()
+            times[name].append((time.perf_counter() - t0) * 1e3)
+    base = statistics.median(times["none"])
     return {
-        "launch_bound": {"batch": BATCH, "steps_per_block": steps, **ratios(got)},
-        "gpu_bound": {"batch": GPU_BOUND_BATCH, "steps_per_block": steps // 3, **ratios(gpu_bound)},
-        "warm_steps_per_block": WARM,
-        "rounds": rounds,
-        "host_us": host_us,
-        "goal": 1.01,
+        "gemms": gemms,
+        "events": gemms // every,
+        "median_ms": {name: round(statistics.median(v), 2) for name, v in times.items()},
+        "ratio": {name: round(statistics.median(v) / base, 4) for name, v in times.items()},
     }
 
 
@@ -379,7 +452,7 @@ def ratios(got: dict[str, dict[str, list[float]]]) -> dict[str, Any]:
 WARM = 5  # steps of each block before the timed ones: profile start-up, the FLOP count
 
 
-def rotated(
+def shuffled(
     model: nn.Module,
     opt: torch.optim.Optimizer,
     tokens: torch.Tensor,
@@ -388,10 +461,13 @@ def rotated(
     names: list[str],
     out: Path,
 ) -> dict[str, dict[str, list[float]]]:
-    """timed_block() of each mode, ``rounds`` times, the order rotated each round."""
+    """timed_block() of each mode, ``rounds`` times, in a random order each round (a rotation
+    would always put the same mode after the same other, whose heat or clocks it inherits)."""
     got: dict[str, dict[str, list[float]]] = {m: {} for m in names}
     for i in range(rounds):
-        for mode in names[i % len(names) :] + names[: i % len(names)]:
+        order = list(names)
+        random.Random(i).shuffle(order)
+        for mode in order:
             block = timed_block(model, opt, tokens, steps, MODES[mode], out / f"{i}_{mode}")
             for key, value in block.items():
                 got[mode].setdefault(key, []).append(value)
@@ -411,17 +487,27 @@ def timed_block(
     env = dict((options or {}).get("env", {}))
     log = (options or {}).get("log", True)
     os.environ.update(env)
+    gpm_sampler = dtprof.record.gpu.GpmSampler
+    if (options or {}).get("no_gpm"):
+        dtprof.record.gpu.GpmSampler = NoGpm  # type: ignore[misc,assignment]
+    phase_mark = dtprof.record.phases.PhaseHooks._mark
+    if (options or {}).get("phase_events") is False:
+        dtprof.record.phases.PhaseHooks._mark = lambda self: None  # type: ignore[method-assign]
     if options is not None:
         kwargs: dict[str, Any] = {"model": model, "optimizer": opt, **options}
-        kwargs.pop("env", None)
-        kwargs.pop("log", None)
+        for key in ("env", "log", "no_gpm", "bucket_events", "phase_events"):
+            kwargs.pop(key, None)
         prof = dtprof.profile(trace, **kwargs).__enter__()
+        if options.get("bucket_events") is False:
+            prof.comms._native.ops.set_gpu_timing(False)
+    joules = 0.0
     host = {"forward_ms": 0.0, "backward_ms": 0.0, "optimizer_ms": 0.0}
     try:
         for i in range(WARM + steps):
             if i == WARM:
                 torch.cuda.synchronize()
                 wall, cpu = time.perf_counter(), time.process_time()
+                joules = -energy_j()
                 host = dict.fromkeys(host, 0.0)
             t0 = time.perf_counter()
             with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -442,14 +528,19 @@ def timed_block(
                 prof.step()
         torch.cuda.synchronize()
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        joules += energy_j()
     finally:
         if prof is not None:
             prof.__exit__(None, None, None)
         for key in env:
             del os.environ[key]
+        dtprof.record.gpu.GpmSampler = gpm_sampler  # type: ignore[misc]
+        dtprof.record.phases.PhaseHooks._mark = phase_mark  # type: ignore[method-assign]
     found = {
         "wall_ms": wall / steps * 1e3,
         "cpu_ms": cpu / steps * 1e3,
+        "watts": joules / wall if joules > 0 else 0.0,  # the GPU's mean power over the block
+        "sm_mhz": sm_clock_mhz(),  # at the block's end
         **{k: v / steps * 1e3 for k, v in host.items()},
     }
     if prof is not None:  # which bucket kernel recorded, and how many buckets have GPU times
@@ -461,6 +552,45 @@ def timed_block(
         )
         found["collectives"] = float(len(t["collectives"]))
     return found
+
+
+class NoGpm:
+    """In place of dtprof's GPM sampler: a device without GPU performance metrics."""
+
+    def __init__(self, *args: Any) -> None:
+        raise RuntimeError("off for this block")
+
+
+@functools.cache
+def _nvml_handle() -> Any:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return pynvml.nvmlDeviceGetHandleByIndex(0)
+    except Exception:
+        return None
+
+
+def energy_j() -> float:
+    """The GPU's energy counter in joules (0 where NVML cannot say)."""
+    handle = _nvml_handle()
+    try:
+        import pynvml
+
+        return float(pynvml.nvmlDeviceGetTotalEnergyConsumption(handle)) / 1e3
+    except Exception:
+        return 0.0
+
+
+def sm_clock_mhz() -> float:
+    handle = _nvml_handle()
+    try:
+        import pynvml
+
+        return float(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM))
+    except Exception:
+        return 0.0
 
 
 # ---------------------------------------------------------------- part 2: two processes, gloo
@@ -511,14 +641,262 @@ def part_two(out: Path, steps: int, width: int) -> dict[str, Any]:
     return result
 
 
-def overhead(work: Path, rounds: int, width: int, layers: int) -> dict[str, Any]:
+def overhead(work: Path, a: argparse.Namespace) -> dict[str, Any]:
     found = work / "overhead.json"
     args = ["--overhead", str(found), "--trace", str(work / "overhead_traces")]
-    args += ["--rounds", str(rounds), "--width", str(width), "--layers", str(layers)]
+    args += ["--rounds", str(a.rounds), "--width", str(a.width), "--layers", str(a.layers)]
+    args += ["--launch-modes", a.launch_modes, "--gpu-modes", a.gpu_modes]
     env = {k: v for k, v in os.environ.items() if k != "TORCH_NCCL_ENABLE_TIMING"}
-    subprocess.run([sys.executable, __file__, *args], check=True, timeout=300, env=env)
+    subprocess.run([sys.executable, __file__, *args], check=True, timeout=330, env=env)
     result: dict[str, Any] = json.loads(found.read_text())
     return result
+
+
+# ---------------------------------------------------------------- part 5: captures, attach
+
+
+def capture_race(trace: Path, who: str) -> dict[str, Any]:
+    """A model's whole step captured with ``torch.cuda.graph`` (its default "global" capture
+    mode), taking 0.3 s, while another thread calls CUDA. ``who``: "none" (nothing else: the
+    capture itself works), "plain" (a thread of this script queries an event: the hazard
+    itself, without dtprof), "dtprof" (dtprof records; its writer ticks every 10 ms and renews
+    its anchor, an event recorded and waited for, at each tick), "dtprof-unguarded" (the same,
+    with the writer out of the relaxed capture mode)."""
+    import threading
+
+    import dtprof.record.gpu_timing as gt
+
+    torch.cuda.set_device(0)
+    model = nn.Sequential(nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 1024)).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x = torch.randn(64, 1024, device="cuda")
+
+    def eager_steps(prof: Any = None) -> None:
+        for _ in range(3):
+            loss = model(x).square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            if prof is not None:
+                prof.log(loss=loss)
+                prof.step()
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up on a side stream, as CUDA graphs want
+        eager_steps()
+    torch.cuda.current_stream().wait_stream(side)
+    result: dict[str, Any] = {"who": who}
+    stop = threading.Event()
+    query_errors: list[str] = []
+    prof: Any = None
+    if who == "plain":
+        event = torch.cuda.Event()
+        event.record()
+
+        def keep_querying() -> None:
+            while not stop.is_set():
+                try:
+                    event.query()
+                except Exception as exc:
+                    query_errors.append(str(exc).splitlines()[0])
+                    return
+                time.sleep(0.002)
+
+        threading.Thread(target=keep_querying, daemon=True).start()
+    elif who.startswith("dtprof"):
+        import contextlib
+
+        gt.ANCHOR_EVERY_S = 0.0  # an anchor at each of the writer's ticks
+        if who == "dtprof-unguarded":
+            gt.relaxed_capture_mode = contextlib.nullcontext  # type: ignore[assignment]
+        prof = dtprof.profile(
+            trace, model=model, optimizer=opt, flush_interval_s=0.01, gpu_sample_interval_s=0.05
+        ).__enter__()
+        eager_steps(prof)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            static_loss = model(x).square().mean()
+            static_loss.backward()
+            opt.step()
+            time.sleep(0.3)  # a long capture: the other thread calls CUDA meanwhile
+        result["capture"] = "ok"
+        for _ in range(5):
+            graph.replay()
+            if prof is not None:
+                prof.step()
+        torch.cuda.synchronize()
+        result["replays"] = "ok"
+    except Exception as exc:
+        result["capture"] = f"failed: {str(exc).splitlines()[0]}"
+    stop.set()
+    result["query_errors"] = query_errors[:3]
+    if prof is not None:
+        prof.__exit__(None, None, None)
+        t = rank_tables(trace, 0)
+        result["meta"] = meta_figures(t["meta"])
+        result["steps"] = len(t["steps"])
+        result["events"] = [f"{e['kind']}: {e['message']}"[:300] for e in t["events"]]
+    return result
+
+
+def capture_ddp(trace: Path, recorded: bool) -> dict[str, Any]:
+    """DDP's whole step captured into a CUDA graph on NCCL (a world of one), as PyTorch's notes
+    on CUDA graphs describe it (DDP made on a side stream, 11 eager steps first), with an
+    asynchronous all-reduce through the Python API inside; bare, or recorded by dtprof (DDP's
+    buckets by the native kernel)."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "0"
+    device = torch.device("cuda", 0)
+    torch.cuda.set_device(device)
+    dist.init_process_group("nccl", rank=0, world_size=1, device_id=device)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        net = nn.Sequential(nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 1024)).cuda()
+        model = DDP(net, device_ids=[0])
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x = torch.randn(64, 1024, device=device)
+    flag = torch.ones(1 << 16, device=device)
+    result: dict[str, Any] = {"recorded": recorded}
+    prof: Any = None
+    if recorded:
+        prof = dtprof.profile(trace, model=model, optimizer=opt).__enter__()
+
+    def step() -> torch.Tensor:
+        loss = model(x).square().mean()
+        loss.backward()
+        opt.step()
+        dist.all_reduce(flag, async_op=True).wait()
+        return loss.detach()
+
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(11):
+            step()
+            opt.zero_grad(set_to_none=True)
+            if prof is not None:
+                prof.step()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            static_loss = step()
+        result["capture"] = "ok"
+        losses = []
+        for _ in range(10):
+            graph.replay()
+            losses.append(static_loss.clone())
+            if prof is not None:
+                prof.step()
+        torch.cuda.synchronize()
+        result["replays"] = "ok"
+        result["losses_fall"] = float(losses[-1]) < float(losses[0])
+    except Exception as exc:
+        result["capture"] = f"failed: {str(exc).splitlines()[0]}"
+    if prof is not None:
+        prof.__exit__(None, None, None)
+        t = rank_tables(trace, 0)
+        result["meta"] = meta_figures(t["meta"])
+        result["steps"] = len(t["steps"])
+        result["collectives"] = collective_figures(t)
+        result["gpu_timed_collectives"] = sum(r["kind"] == "collective" for r in t["gpu_spans"])
+        result["events"] = [f"{e['kind']}: {e['message']}"[:300] for e in t["events"]]
+    dist.barrier()
+    dist.destroy_process_group()
+    return result
+
+
+def attach_script() -> None:
+    """A training script that knows nothing of dtprof: ``dtprof run`` attaches to its model
+    (made on CUDA after recording started) through the optimizer's step."""
+    torch.manual_seed(0)
+    model = Transformer(512, 2).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    tokens = torch.randint(0, VOCAB, (4, SEQ + 1), device="cuda")
+    for _ in range(30):
+        train_step(model, opt, tokens)
+        time.sleep(0.02)  # the NVML sampler (every second by default) gets a few samples
+    torch.cuda.synchronize()
+
+
+def attach(trace: Path) -> dict[str, Any]:
+    """``dtprof run -- python3 <this script> --case attach-script``: NVML, the GPU timer and
+    the backward hook when the model reaches the recording only once the script has made it."""
+    command = [sys.executable, "-m", "dtprof", "run", "--trace", str(trace), "--"]
+    command += [sys.executable, __file__, "--case", "attach-script"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=150)
+    result: dict[str, Any] = {"exit_code": done.returncode, "output": done.stderr[-600:]}
+    t = rank_tables(trace, 0)
+    result["meta"] = meta_figures(t["meta"])
+    result["backward_timing"] = t["meta"].backward_timing
+    result["steps"] = len(t["steps"])
+    result["gpu"] = gpu_figures(t)
+    result["samples"] = sorted({r["metric"] for r in t["samples"]})
+    return result
+
+
+def no_gpu_timing(trace: Path) -> dict[str, Any]:
+    """A CUDA job with gpu_timing=False: the backward phase by the native kernel's C++ hook."""
+    torch.manual_seed(0)
+    model = Transformer(512, 2).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    tokens = torch.randint(0, VOCAB, (4, SEQ + 1), device="cuda")
+    train_step(model, opt, tokens)
+    with dtprof.profile(trace, model=model, optimizer=opt, gpu_timing=False) as prof:
+        for _ in range(10):
+            train_step(model, opt, tokens)
+            prof.step()
+    t = rank_tables(trace, 0)
+    spans: dict[str, int] = {}
+    for r in t["spans"]:
+        spans[r["name"]] = spans.get(r["name"], 0) + 1
+    return {
+        "meta": meta_figures(t["meta"]),
+        "backward_timing": t["meta"].backward_timing,
+        "steps": len(t["steps"]),
+        "spans": spans,
+        "gpu_spans_rows": len(t["gpu_spans"]),
+    }
+
+
+CASES = {
+    "capture-race-none": lambda trace: capture_race(trace, "none"),
+    "capture-race-plain": lambda trace: capture_race(trace, "plain"),
+    "capture-race-dtprof": lambda trace: capture_race(trace, "dtprof"),
+    "capture-race-dtprof-unguarded": lambda trace: capture_race(trace, "dtprof-unguarded"),
+    "capture-ddp-bare": lambda trace: capture_ddp(trace, False),
+    "capture-ddp-dtprof": lambda trace: capture_ddp(trace, True),
+    "attach": attach,
+    "no-gpu-timing": no_gpu_timing,
+}
+
+
+def part_five(work: Path, cases: list[str]) -> dict[str, Any]:
+    """Each of ``cases`` (CASES' names) in a process of its own (a broken capture may leave
+    CUDA unusable)."""
+    work.mkdir(parents=True, exist_ok=True)
+    found: dict[str, Any] = {}
+    for name in cases:
+        result = work / f"case_{name}.json"
+        trace = work / f"trace_{name}"
+        command = [sys.executable, __file__, "--case", name, "--trace", str(trace)]
+        command += ["--result", str(result)]
+        t0 = time.perf_counter()
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=150)
+            found[name] = (
+                json.loads(result.read_text())
+                if result.exists()
+                else {"exit_code": done.returncode, "error": done.stderr[-1500:]}
+            )
+        except Exception as exc:
+            found[name] = {"error": f"{type(exc).__name__}: {exc}"}
+        found[name]["seconds"] = round(time.perf_counter() - t0, 1)
+        print(f"case {name}: {json.dumps(found[name])[:400]}", file=sys.stderr, flush=True)
+    return found
 
 
 # ---------------------------------------------------------------- part 4: analyze
@@ -545,10 +923,8 @@ def analyze(trace: Path, out: Path, name: str) -> dict[str, Any]:
     return {"exit_code": js.returncode, "findings": findings}
 
 
-def table(summary: dict[str, Any]) -> str:
-    one = summary["nccl_one_rank"]
-    lines = [f"device: {summary['device']}, torch {summary['torch']}", ""]
-    lines.append("part 1, NCCL world of one: host vs GPU (medians, ms)")
+def table_one(one: dict[str, Any]) -> list[str]:
+    lines = ["part 1, NCCL world of one: host vs GPU (medians, ms)"]
     lines.append(f"{'what':<32}{'n':>5}{'host':>10}{'gpu':>10}{'lag':>10}")
     for key, f in one["gpu"].items():
         cells = [f.get(k) for k in ("host_ms", "gpu_ms", "lag_ms")]
@@ -568,38 +944,81 @@ def table(summary: dict[str, Any]) -> str:
     lines.append(f"nvml: {one['meta'].get('nvml')}  gpm: {one['meta'].get('gpm')}")
     for m, f in one["samples"].items():
         lines.append(f"  sample {m:<28} n={f['n']:<4} median={f['median']:.4g} max={f['max']:.4g}")
-    o = summary["overhead"]
-    lines.append("")
-    lines.append(
+    return lines
+
+
+def table_three(o: dict[str, Any]) -> list[str]:
+    lines = [
         f"part 3, overhead (medians of {o['rounds']} blocks, ms per step; ratios to bare, "
         f"paired: to the same round's bare block; goal {o['goal']})"
-    )
-    keys = ["wall_ms", "cpu_ms", "forward_ms", "backward_ms", "optimizer_ms"]
+    ]
+    keys = ["wall_ms", "cpu_ms", "forward_ms", "backward_ms", "optimizer_ms", "watts", "sm_mhz"]
     for loop in ("launch_bound", "gpu_bound"):
+        if loop not in o:
+            continue
         r = o[loop]
         lines.append(f"{loop.replace('_', '-')} loop, batch {r['batch']}:")
         head = f"{'mode':<22}" + "".join(f"{k:>13}" for k in keys)
         lines.append(head + f"{'wall x':>9}{'cpu x':>9}{'paired x':>10}")
         for mode, m in r["medians"].items():
-            cells = "".join(f"{m[k]:>13.3f}" for k in keys)
+            cells = "".join(f"{m.get(k, 0.0):>13.3f}" for k in keys)
             x = [r["ratio_wall"][mode], r["ratio_cpu"][mode]]
             lines.append(
                 f"{mode:<22}{cells}{x[0]:>9.3f}{x[1]:>9.3f}{r['paired_wall'][mode]:>10.3f}"
             )
     lines.append(f"host us per call: {o['host_us']}")
-    two = summary["gloo_two_ranks"]
-    lines.append("")
-    lines.append(f"part 2, gloo two ranks on one GPU: exit codes {two['exit_codes']}")
+    if "event_costs" in o:
+        lines.append(f"events while the GPU computes: {o['event_costs']}")
+    return lines
+
+
+def table_two(two: dict[str, Any]) -> list[str]:
+    lines = [f"part 2, gloo two ranks on one GPU: exit codes {two['exit_codes']}"]
     for rank in (0, 1):
         r = two.get(f"rank{rank}", {})
         for key, f in r.get("gpu", {}).items():
             host, gpu = f["host_ms"], f["gpu_ms"]
             lines.append(f"  rank {rank} {key:<28} n={f['n']:<4} host={host:.3f} gpu={gpu:.3f}")
+    return lines
+
+
+def table_five(cases: dict[str, Any]) -> list[str]:
+    lines = ["part 5, captures and a later attach:"]
+    for name, c in cases.items():
+        keep = ["capture", "replays", "query_errors", "region_gpu_ms", "losses_fall", "steps"]
+        keep += ["collectives", "gpu_timed_collectives", "backward_timing", "spans", "error"]
+        said = {k: c[k] for k in keep if k in c}
+        meta = c.get("meta") or {}
+        said.update({k: meta[k] for k in ("gpu_timing", "disabled_hooks") if meta.get(k)})
+        if name == "attach":
+            said.update(nvml=meta.get("nvml"), gpu=list(c.get("gpu", {})), samples=c["samples"])
+        lines.append(f"  {name}: {json.dumps(said, default=str)[:900]}")
+    return lines
+
+
+def table(summary: dict[str, Any]) -> str:
+    """The short text form of the summary: each part that ran and did not fail."""
+    lines = [f"device: {summary['device']}, torch {summary['torch']}"]
+    parts = [("nccl_one_rank", table_one), ("overhead", table_three)]
+    parts += [("gloo_two_ranks", table_two), ("cases", table_five)]
+    for key, render in parts:
+        found = summary.get(key)
+        if found is None:
+            continue
+        lines.append("")
+        if "error" in found and len(found) == 1:
+            lines.append(f"{key}: failed\n{found['error']}")
+            continue
+        lines.extend(render(found))
     for name, a in summary["analyze"].items():
         lines.append(f"analyze {name}: exit {a.get('exit_code')}")
         for f in a.get("findings", []):
             lines.append(f"  {f['severity']} {f['code']} {f['ranks']}: {f['message'][:160]}")
     return "\n".join(lines) + "\n"
+
+
+def names(listed: str) -> list[str]:
+    return [name for name in listed.split(",") if name]
 
 
 def main() -> None:
@@ -614,12 +1033,25 @@ def main() -> None:
     p.add_argument("--overhead", type=Path, help="(part 3 in its own process: its JSON here)")
     p.add_argument("--port", type=int)
     p.add_argument("--trace", type=Path)
+    p.add_argument("--parts", default="1,2,3,4,5", help="which parts to run (default: all)")
+    p.add_argument("--launch-modes", default=",".join(LAUNCH_BOUND_MODES), help="part 3, batch 8")
+    p.add_argument("--gpu-modes", default=",".join(GPU_BOUND_MODES), help="part 3, batch 64")
+    p.add_argument("--cases", default=",".join(CASES), help="part 5's cases")
+    p.add_argument("--case", choices=[*CASES, "attach-script"], help="(one case of part 5)")
+    p.add_argument("--result", type=Path, help="(where a case writes its JSON)")
     a = p.parse_args()
+    if a.case == "attach-script":
+        attach_script()
+        return
+    if a.case is not None:
+        a.result.write_text(json.dumps(CASES[a.case](a.trace), default=str))
+        return
     if a.worker is not None:
         worker(a.worker, 2, a.port, a.trace, a.steps, a.width)
         return
     if a.overhead is not None:
-        found = part_three(a.trace, 30, a.rounds, a.width, a.layers)
+        loops = {"launch": names(a.launch_modes), "gpu": names(a.gpu_modes)}
+        found = part_three(a.trace, 30, a.rounds, a.width, a.layers, loops)
         a.overhead.write_text(json.dumps(found))
         return
     out: Path = a.out
@@ -643,12 +1075,20 @@ def main() -> None:
         print(f"{name}: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
 
     work = a.work or out / "work"
-    run("nccl_one_rank", lambda: part_one(work, steps, a.width, a.layers))
-    run("gloo_two_ranks", lambda: part_two(work, 30, 512))
-    run("overhead", lambda: overhead(work, a.rounds, a.width, a.layers))
+    parts = set(a.parts.split(","))
+    if "1" in parts:
+        run("nccl_one_rank", lambda: part_one(work, steps, a.width, a.layers))
+    if "2" in parts:
+        run("gloo_two_ranks", lambda: part_two(work, 30, 512))
+    if "5" in parts:
+        run("cases", lambda: part_five(work, names(a.cases)))
+    if "3" in parts:
+        run("overhead", lambda: overhead(work, a))
     summary["analyze"] = {}
     for name in ("nccl", "gloo"):
         trace = work / f"trace_{name}"
+        if "4" not in parts or not trace.exists():
+            continue
         run(f"analyze_{name}", lambda trace=trace, name=name: analyze(trace, out, name))
         summary["analyze"][name] = summary.pop(f"analyze_{name}")
     (out / "gpu_check.json").write_text(json.dumps(summary, indent=1, default=str))

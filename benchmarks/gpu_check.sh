@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# dtprof's GPU check, for a machine with one NVIDIA GPU: benchmarks/gpu_check.py's four parts
-# (NCCL world of one, two processes sharing the GPU over gloo, the overhead ratio, analyze),
-# in about three minutes.
+# dtprof's GPU check, for a machine with one NVIDIA GPU: benchmarks/gpu_check.py's five parts
+# (NCCL world of one, two processes sharing the GPU over gloo, the overhead ratio, analyze,
+# CUDA graph captures and a later attach), in about four minutes.
 #
-#   bash benchmarks/gpu_check.sh [OUT]     (OUT: where the results go; default $OUT or /tmp)
+#   bash benchmarks/gpu_check.sh [OUT [OPTIONS]]
+#
+# OUT: where the results go (default $OUT or /tmp/gpu_check_out); OPTIONS go to gpu_check.py
+# (--parts 3,5, --gpu-modes bare,dtprof, --cases ..., to run a part of it again).
 #
 # It uses the machine's own python3, which must have torch with CUDA, numpy, pandas, pyarrow and
 # nvidia-ml-py. dtprof's other needs (msgspec, orjson) are installed from wheels in .whl/ where
@@ -13,6 +16,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-${OUT:-/tmp/gpu_check_out}}
+shift || true
 work=/tmp/dtprof_gpu_check
 mkdir -p "$out"
 rm -rf "$work"
@@ -26,7 +30,9 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.g
   --format=csv 2>&1 | tee "$out/log.txt"
 # the native recording kernel, built against this torch (the overhead's modes use it)
 timeout 120 python3 -m dtprof build-native 2>&1 | tail -3 | tee -a "$out/log.txt"
-timeout 420 python3 benchmarks/gpu_check.py --out "$out" --work "$work" 2>&1 | tee -a "$out/log.txt"
+timeout 500 python3 benchmarks/gpu_check.py --out "$out" --work "$work" "$@" 2>&1 |
+  tee -a "$out/log.txt"
 status=${PIPESTATUS[0]}
-tar czf "$out/traces.tar.gz" -C "$work" trace_nccl trace_gloo 2>>"$out/log.txt"
+traces=$(cd "$work" && ls -d trace_nccl trace_gloo 2>/dev/null)
+[ -n "$traces" ] && tar czf "$out/traces.tar.gz" -C "$work" $traces 2>>"$out/log.txt"
 exit "$status"
