@@ -27,7 +27,8 @@
    relaxed capture mode, and without it), and the same with no dtprof and with a thread of
    the script's own; DDP's whole step captured on NCCL, bare and recorded; a script that
    knows nothing of dtprof run under ``dtprof run``, its model made on CUDA after recording
-   started; a CUDA job with ``gpu_timing=False`` (the backward by the native kernel's hook).
+   started; a CUDA job with ``gpu_timing=False`` (the backward by the native kernel's hook);
+   what events cost the GPU with CUDA_DEVICE_MAX_CONNECTIONS=1.
 
 Writes ``gpu_check.json`` (every figure) and ``gpu_check.txt`` (a short table) to ``--out``,
 with both reports beside them; the traces go to ``--work``. Exits 0 when it ran to the end;
@@ -862,6 +863,14 @@ def no_gpu_timing(trace: Path) -> dict[str, Any]:
     }
 
 
+def event_costs_one_connection(trace: Path) -> dict[str, Any]:
+    """event_costs() with CUDA_DEVICE_MAX_CONNECTIONS=1 (Megatron-LM's setting: every stream
+    shares one hardware queue), where a timing event is known to stop communication from
+    overlapping computation (pytorch/pytorch#143890)."""
+    os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"  # before CUDA starts in this process
+    return event_costs(torch.device("cuda", 0))
+
+
 CASES = {
     "capture-race-none": lambda trace: capture_race(trace, "none"),
     "capture-race-plain": lambda trace: capture_race(trace, "plain"),
@@ -871,6 +880,7 @@ CASES = {
     "capture-ddp-dtprof": lambda trace: capture_ddp(trace, True),
     "attach": attach,
     "no-gpu-timing": no_gpu_timing,
+    "event-costs-one-connection": event_costs_one_connection,
 }
 
 
@@ -987,6 +997,7 @@ def table_five(cases: dict[str, Any]) -> list[str]:
     for name, c in cases.items():
         keep = ["capture", "replays", "query_errors", "region_gpu_ms", "losses_fall", "steps"]
         keep += ["collectives", "gpu_timed_collectives", "backward_timing", "spans", "error"]
+        keep += ["median_ms", "ratio"]  # event-costs-one-connection
         said = {k: c[k] for k in keep if k in c}
         meta = c.get("meta") or {}
         said.update({k: meta[k] for k in ("gpu_timing", "disabled_hooks") if meta.get(k)})
