@@ -106,7 +106,9 @@ def worker(args: argparse.Namespace) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", timeout=timedelta(seconds=120))
+    # the ranks wait at a barrier while rank 0 times steps alone, which takes longer the more
+    # rounds; the job's own deadline (--timeout-s) is what stops a hung rank
+    dist.init_process_group("gloo", timeout=timedelta(seconds=args.timeout_s))
     try:
         root = Path(args.worker)
         out = _measure(args, root)
@@ -389,6 +391,7 @@ def run_job(args: argparse.Namespace, root: Path) -> list[dict[str, Any]] | None
     for name in ("steps", "rounds", "warmup", "width", "depth", "batch", "calls"):
         cmd += [f"--{name}", str(getattr(args, name))]
     cmd += ["--fingerprint-every", str(args.fingerprint_every), "--modes", ",".join(args.modes)]
+    cmd += ["--timeout-s", str(args.timeout_s)]
     logs = root / "logs"
     procs = launch.start_command(cmd, args.ranks, logs, env={"DTPROF_DISABLE": "0"})
     deadline = time.monotonic() + args.timeout_s
