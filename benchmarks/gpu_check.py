@@ -352,7 +352,10 @@ def part_three(
             **ratios(got),
         }
     found["host_us"] = host_costs(tokens)
-    found["event_costs"] = event_costs(device)
+    try:  # (not yet run on a GPU: a failure here must not lose the loops above)
+        found["event_costs"] = event_costs(device)
+    except Exception as exc:
+        found["event_costs"] = {"error": f"{type(exc).__name__}: {exc}"}
     dist.barrier()
     dist.destroy_process_group()
     return found
