@@ -250,12 +250,10 @@ void kernel(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit:
   try {
     auto work = stack->back().toCustomClass<c10d::Work>();
     if (cuda && capturing(current_stream(*cuda))) {  // captured, not run: no event, no callback
-      {
-        std::lock_guard<std::mutex> guard(mu);
-        rec.id = next_id++;
-        inflight.emplace(rec.id, rec);
-      }
-      completed(rec.id, false, std::nullopt);
+      rec.end_ns = now_ns();
+      std::lock_guard<std::mutex> guard(mu);
+      rec.id = next_id++;
+      done.push_back(rec);
       return;
     }
     std::optional<c10::Event> start_event;
