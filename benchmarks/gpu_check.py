@@ -576,25 +576,23 @@ def _nvml_handle() -> Any:
         return None
 
 
-def energy_j() -> float:
-    """The GPU's energy counter in joules (0 where NVML cannot say)."""
-    handle = _nvml_handle()
+def _nvml_reading(read: Any) -> float:
+    """``read(pynvml, handle)`` for the GPU (0 where NVML cannot say)."""
     try:
         import pynvml
 
-        return float(pynvml.nvmlDeviceGetTotalEnergyConsumption(handle)) / 1e3
+        return float(read(pynvml, _nvml_handle()))
     except Exception:
         return 0.0
+
+
+def energy_j() -> float:
+    """The GPU's energy counter in joules (0 where NVML cannot say)."""
+    return _nvml_reading(lambda nvml, h: nvml.nvmlDeviceGetTotalEnergyConsumption(h) / 1e3)
 
 
 def sm_clock_mhz() -> float:
-    handle = _nvml_handle()
-    try:
-        import pynvml
-
-        return float(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM))
-    except Exception:
-        return 0.0
+    return _nvml_reading(lambda nvml, h: nvml.nvmlDeviceGetClockInfo(h, nvml.NVML_CLOCK_SM))
 
 
 # ---------------------------------------------------------------- part 2: two processes, gloo
