@@ -39,6 +39,7 @@ reason to lose the others).
 from __future__ import annotations
 
 import argparse
+import copy
 import functools
 import json
 import os
@@ -58,6 +59,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import dtprof
+import dtprof.record.comms
 import dtprof.record.gpu
 import dtprof.record.phases
 from dtprof.trace.reader import read_rank_meta, read_table
@@ -309,6 +311,13 @@ MODES: dict[str, dict[str, Any] | None] = {
     "bare-again": None,  # a second bare block each round: the noise floor
     "dtprof-gpu-phases-only": {"bucket_events": False},  # DDP's buckets not timed on the GPU
     "dtprof-gpu-buckets-only": {"phase_events": False},  # phases not timed on the GPU
+    # which of a bucket's two events costs the GPU: the Python kernel with both, and with its
+    # start alone (on the compute stream; the end, on the future callback's stream, left out)
+    "dtprof-python-bucket-events": {"env": {"DTPROF_NATIVE": "0"}},
+    "dtprof-python-bucket-start-only": {"env": {"DTPROF_NATIVE": "0"}, "bucket_end": False},
+    # no recording; the model's twin on a group with NCCL's own timing events
+    # (TORCH_NCCL_ENABLE_TIMING): what those cost the GPU
+    "bare-nccl-timing": {"bare": True, "nccl_timing": True},
 }
 # the modes of part 3's first loop, batch 8, where the host's launches bound the step
 # (on the lent H200 the bare blocks of this loop alone spread by 10%: too noisy for a 1% goal)
@@ -339,17 +348,21 @@ def part_three(
     if loops["launch"]:
         for _ in range(WARM):
             train_step(model, opt, tokens)
-        got = shuffled(model, opt, tokens, steps, rounds, loops["launch"], out / "launch-bound")
+        got, failed = shuffled(
+            model, opt, tokens, steps, rounds, loops["launch"], out / "launch-bound"
+        )
         found["launch_bound"] = {"batch": BATCH, "steps_per_block": steps, **ratios(got)}
+        found["launch_bound"]["failed"] = failed
     if loops["gpu"]:
         big = torch.randint(0, VOCAB, (GPU_BOUND_BATCH, SEQ + 1), device=device)
         for _ in range(WARM):
             train_step(model, opt, big)
-        got = shuffled(model, opt, big, steps // 3, rounds, loops["gpu"], out / "gpu-bound")
+        got, failed = shuffled(model, opt, big, steps // 3, rounds, loops["gpu"], out / "gpu-bound")
         found["gpu_bound"] = {
             "batch": GPU_BOUND_BATCH,
             "steps_per_block": steps // 3,
             **ratios(got),
+            "failed": failed,
         }
     found["host_us"] = host_costs(tokens)
     try:  # (not yet run on a GPU: a failure here must not lose the loops above)
@@ -363,31 +376,61 @@ def part_three(
 
 def event_costs(device: torch.device, gemms: int = 2000, every: int = 10) -> dict[str, Any]:
     """What CUDA events cost the GPU while it computes: a stream of ``gemms`` bf16 matrix
-    products (4096²), with, after every ``every``-th, one of: nothing; a timing event on the
-    compute stream (as phases record); a second stream made to wait for the compute stream and
-    a timing event recorded there (as a collective's callback records its end); the same with
-    an event without timing; a timing event on an idle stream (an anchor). Five interleaved
-    rounds; the median time of each, and its ratio to nothing."""
+    products (4096²), with, after every ``every``-th, one of the variants below. Those named
+    "comm" also launch, as NCCL does, a copy of 128 MB on a communication stream made to wait
+    for the compute stream, and place events as a bucket's timing would: a timing event on
+    the compute stream after the launch (the bucket's start), a side stream made to wait for
+    the copy with an event recorded there (its end, as the future's callback records it), or
+    timing events around the copy on its own stream (NCCL's own timing). Five interleaved
+    rounds; the median time of each, and its ratio to "none" (and of the "comm" ones, to
+    "comm")."""
     a = torch.randn(4096, 4096, device=device, dtype=torch.bfloat16)
-    side, idle = torch.cuda.Stream(device), torch.cuda.Stream(device)
-    ready = torch.cuda.Event()
-    pool = [torch.cuda.Event(enable_timing=True) for _ in range(gemms // every + 1)]
-    plain = [torch.cuda.Event() for _ in range(gemms // every + 1)]
-
-    def compute_timing(k: int) -> None:
-        pool[k].record()
+    src = torch.randn(64 << 20, device=device, dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    side, idle, comm = (torch.cuda.Stream(device) for _ in range(3))
+    n = gemms // every + 1
+    ready, done = torch.cuda.Event(), torch.cuda.Event()
+    pool = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    pool2 = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    plain = [torch.cuda.Event() for _ in range(n)]
 
     def side_after_wait(events: list[torch.cuda.Event], k: int) -> None:
         ready.record()
         side.wait_event(ready)
         events[k].record(side)
 
+    def communicate(k: int, start: str = "", end: str = "") -> None:
+        ready.record()
+        comm.wait_event(ready)
+        if start == "comm":
+            pool2[k].record(comm)
+        with torch.cuda.stream(comm):
+            dst.copy_(src)
+        if start == "compute":
+            pool2[k].record()
+        if end == "comm":
+            pool[k].record(comm)
+        elif end:
+            done.record(comm)
+            side.wait_event(done)
+            (pool if end == "side timing" else plain)[k].record(side)
+
     variants = {
         "none": lambda k: None,
-        "timing event, compute stream": compute_timing,
+        "timing event, compute stream": lambda k: pool[k].record(),
         "timing event, side stream after a wait": lambda k: side_after_wait(pool, k),
         "plain event, side stream after a wait": lambda k: side_after_wait(plain, k),
         "timing event, idle stream": lambda k: pool[k].record(idle),
+        "comm": communicate,
+        "comm, start on compute": lambda k: communicate(k, start="compute"),
+        "comm, end on a side stream (timing)": lambda k: communicate(k, end="side timing"),
+        "comm, end on a side stream (plain)": lambda k: communicate(k, end="side plain"),
+        "comm, start on compute, end on a side stream": lambda k: communicate(
+            k, start="compute", end="side timing"
+        ),
+        "comm, both on the comm stream (NCCL's own)": lambda k: communicate(
+            k, start="comm", end="comm"
+        ),
     }
     times: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(5):
@@ -400,12 +443,17 @@ def event_costs(device: torch.device, gemms: int = 2000, every: int = 10) -> dic
                     action(i // every)
             torch.cuda.synchronize()
             times[name].append((time.perf_counter() - t0) * 1e3)
-    base = statistics.median(times["none"])
+    medians = {name: statistics.median(v) for name, v in times.items()}
     return {
         "gemms": gemms,
         "events": gemms // every,
-        "median_ms": {name: round(statistics.median(v), 2) for name, v in times.items()},
-        "ratio": {name: round(statistics.median(v) / base, 4) for name, v in times.items()},
+        "median_ms": {name: round(v, 2) for name, v in medians.items()},
+        "ratio": {name: round(v / medians["none"], 4) for name, v in medians.items()},
+        "ratio_to_comm": {
+            name: round(v / medians["comm"], 4)
+            for name, v in medians.items()
+            if name.startswith("comm")
+        },
     }
 
 
@@ -464,19 +512,26 @@ def shuffled(
     rounds: int,
     names: list[str],
     out: Path,
-) -> dict[str, dict[str, list[float]]]:
+) -> tuple[dict[str, dict[str, list[float]]], dict[str, str]]:
     """timed_block() of each mode, ``rounds`` times, in a random order each round (a rotation
-    would always put the same mode after the same other, whose heat or clocks it inherits)."""
+    would always put the same mode after the same other, whose heat or clocks it inherits).
+    A mode whose block fails is left out from then on, its error under "failed"."""
     got: dict[str, dict[str, list[float]]] = {m: {} for m in names}
+    failed: dict[str, str] = {}
     for i in range(rounds):
-        order = list(names)
+        order = [m for m in names if m not in failed]
         random.Random(i).shuffle(order)
         for mode in order:
-            block = timed_block(model, opt, tokens, steps, MODES[mode], out / f"{i}_{mode}")
+            try:
+                block = timed_block(model, opt, tokens, steps, MODES[mode], out / f"{i}_{mode}")
+            except Exception as exc:
+                failed[mode] = f"{type(exc).__name__}: {exc}"
+                print(f"overhead {out.name} {mode} failed: {failed[mode]}", file=sys.stderr)
+                continue
             for key, value in block.items():
                 got[mode].setdefault(key, []).append(value)
             print(f"overhead {out.name} round {i} {mode}: {block}", file=sys.stderr, flush=True)
-    return got
+    return {m: v for m, v in got.items() if m not in failed}, failed
 
 
 def timed_block(
@@ -491,6 +546,13 @@ def timed_block(
     env = dict((options or {}).get("env", {}))
     log = (options or {}).get("log", True)
     os.environ.update(env)
+    if (options or {}).get("nccl_timing"):
+        model, opt = nccl_timed_twin(model)
+    if (options or {}).get("bare"):
+        options = None
+    gpu_end = dtprof.record.comms.CommRecorder._gpu_end
+    if (options or {}).get("bucket_end") is False:
+        dtprof.record.comms.CommRecorder._gpu_end = _release_start  # type: ignore[method-assign]
     gpm_sampler = dtprof.record.gpu.GpmSampler
     if (options or {}).get("no_gpm"):
         dtprof.record.gpu.GpmSampler = NoGpm  # type: ignore[misc,assignment]
@@ -499,7 +561,16 @@ def timed_block(
         dtprof.record.phases.PhaseHooks._mark = lambda self: None  # type: ignore[method-assign]
     if options is not None:
         kwargs: dict[str, Any] = {"model": model, "optimizer": opt, **options}
-        for key in ("env", "log", "no_gpm", "bucket_events", "phase_events"):
+        for key in (
+            "env",
+            "log",
+            "no_gpm",
+            "bucket_events",
+            "phase_events",
+            "bucket_end",
+            "bare",
+            "nccl_timing",
+        ):
             kwargs.pop(key, None)
         prof = dtprof.profile(trace, **kwargs).__enter__()
         if options.get("bucket_events") is False:
@@ -540,6 +611,7 @@ def timed_block(
             del os.environ[key]
         dtprof.record.gpu.GpmSampler = gpm_sampler  # type: ignore[misc]
         dtprof.record.phases.PhaseHooks._mark = phase_mark  # type: ignore[method-assign]
+        dtprof.record.comms.CommRecorder._gpu_end = gpu_end  # type: ignore[method-assign]
     found = {
         "wall_ms": wall / steps * 1e3,
         "cpu_ms": cpu / steps * 1e3,
@@ -556,6 +628,28 @@ def timed_block(
         )
         found["collectives"] = float(len(t["collectives"]))
     return found
+
+
+def _release_start(self: Any, token: int, record: Any, end: int, error: bool) -> None:
+    """In place of CommRecorder._gpu_end: the start event back to the pool, no end event."""
+    timer = self.prof.gpu_timer
+    event = self._gpu_events.pop(token, None)
+    if timer is not None:
+        timer.release(event)
+
+
+@functools.cache
+def nccl_timed_twin(model: nn.Module) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """A copy of ``model`` (DDP) on a group of its own created with NCCL's timing events on,
+    and its optimizer."""
+    os.environ["TORCH_NCCL_ENABLE_TIMING"] = "1"  # read when the group is made
+    try:
+        group = dist.new_group([0])
+    finally:
+        del os.environ["TORCH_NCCL_ENABLE_TIMING"]
+    twin = copy.deepcopy(model.module)
+    ddp = DDP(twin, device_ids=[0], process_group=group)
+    return ddp, torch.optim.AdamW(ddp.parameters(), lr=1e-4)
 
 
 class NoGpm:
@@ -969,17 +1063,30 @@ def table_three(o: dict[str, Any]) -> list[str]:
             continue
         r = o[loop]
         lines.append(f"{loop.replace('_', '-')} loop, batch {r['batch']}:")
-        head = f"{'mode':<22}" + "".join(f"{k:>13}" for k in keys)
+        head = f"{'mode':<32}" + "".join(f"{k:>13}" for k in keys)
         lines.append(head + f"{'wall x':>9}{'cpu x':>9}{'paired x':>10}")
         for mode, m in r["medians"].items():
             cells = "".join(f"{m.get(k, 0.0):>13.3f}" for k in keys)
             x = [r["ratio_wall"][mode], r["ratio_cpu"][mode]]
             lines.append(
-                f"{mode:<22}{cells}{x[0]:>9.3f}{x[1]:>9.3f}{r['paired_wall'][mode]:>10.3f}"
+                f"{mode:<32}{cells}{x[0]:>9.3f}{x[1]:>9.3f}{r['paired_wall'][mode]:>10.3f}"
             )
+        for mode, error in r.get("failed", {}).items():
+            lines.append(f"{mode:<32}failed: {error}")
     lines.append(f"host us per call: {o['host_us']}")
     if "event_costs" in o:
-        lines.append(f"events while the GPU computes: {o['event_costs']}")
+        lines += event_cost_lines(o["event_costs"])
+    return lines
+
+
+def event_cost_lines(costs: dict[str, Any]) -> list[str]:
+    if "median_ms" not in costs:
+        return [f"events while the GPU computes: {costs}"]
+    lines = [f"events while the GPU computes ({costs['events']} among {costs['gemms']} GEMMs):"]
+    for name, ms in costs["median_ms"].items():
+        to_comm = costs.get("ratio_to_comm", {}).get(name)
+        also = f"  x comm {to_comm:.4f}" if to_comm is not None else ""
+        lines.append(f"  {name:<48}{ms:>10.2f} ms  x {costs['ratio'][name]:.4f}{also}")
     return lines
 
 
@@ -998,7 +1105,9 @@ def table_five(cases: dict[str, Any]) -> list[str]:
     for name, c in cases.items():
         keep = ["capture", "replays", "query_errors", "region_gpu_ms", "losses_fall", "steps"]
         keep += ["collectives", "gpu_timed_collectives", "backward_timing", "spans", "error"]
-        keep += ["median_ms", "ratio"]  # event-costs-one-connection
+        if "median_ms" in c:  # event-costs-one-connection
+            lines += [f"  {name}:", *event_cost_lines(c)]
+            continue
         said = {k: c[k] for k in keep if k in c}
         meta = c.get("meta") or {}
         said.update({k: meta[k] for k in ("gpu_timing", "disabled_hooks") if meta.get(k)})
