@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import copy
 import functools
+import itertools
 import json
 import os
 import random
@@ -59,7 +60,6 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import dtprof
-import dtprof.record.comms
 import dtprof.record.gpu
 import dtprof.record.phases
 from dtprof.trace.reader import read_rank_meta, read_table
@@ -169,6 +169,36 @@ def bucket_figures(t: dict[str, Any]) -> dict[str, Any]:
         return "collective:ddp buckets" if ddp else "collective:python api"
 
     return gpu_figures(t, key)
+
+
+def buckets_before_optimizer(t: dict[str, Any]) -> dict[str, Any]:
+    """A check of the buckets' GPU ends against the GPU's own order: DDP makes the compute
+    stream wait for every bucket before the optimizer's step, so in each step the last
+    bucket's GPU end comes before the optimizer's GPU start (to within the anchor's bound).
+    Also: the buckets of a step, in launch order, never overlap on the GPU (one NCCL stream)."""
+    labels = {(r["group"], r["seq"]): r["label"] or "" for r in t["collectives"]}
+    buckets: dict[int, list[tuple[int, int, int]]] = {}
+    optimizer: dict[int, int] = {}
+    for r in t["gpu_spans"]:
+        if r["kind"] == "collective" and labels.get((r["group"], r["seq"]), "").startswith("ddp."):
+            buckets.setdefault(r["step"], []).append((r["seq"], r["gpu_start_ns"], r["gpu_end_ns"]))
+        elif r["kind"] == "phase" and r["name"] == "optimizer":
+            optimizer[r["step"]] = r["gpu_start_ns"]
+    late_us, overlap_us = [], []
+    for step, rows in buckets.items():
+        rows.sort()
+        if step in optimizer:
+            late_us.append((max(end for _, _, end in rows) - optimizer[step]) / 1e3)
+        overlap_us += [(a[2] - b[1]) / 1e3 for a, b in itertools.pairwise(rows) if a[2] > b[1]]
+    return {
+        "steps": len(late_us),
+        "last_end_minus_optimizer_start_us": {
+            "max": max(late_us, default=None),
+            "median": median(late_us) if late_us else None,
+        },
+        "overlapping_pairs": len(overlap_us),
+        "overlap_max_us": max(overlap_us, default=0.0),
+    }
 
 
 def sample_figures(t: dict[str, Any]) -> dict[str, Any]:
@@ -286,6 +316,7 @@ def part_one(out: Path, steps: int, width: int, layers: int) -> dict[str, Any]:
             ),
         },
     }
+    result["buckets_end_before_the_optimizer"] = buckets_before_optimizer(t)
     time.sleep(1.0)  # the completion hook runs on NCCL's watchdog thread
     result["nccl_own_timing_ms"] = {
         "error": hook_error,
@@ -311,21 +342,27 @@ MODES: dict[str, dict[str, Any] | None] = {
     "bare-again": None,  # a second bare block each round: the noise floor
     "dtprof-gpu-phases-only": {"bucket_events": False},  # DDP's buckets not timed on the GPU
     "dtprof-gpu-buckets-only": {"phase_events": False},  # phases not timed on the GPU
-    # which of a bucket's two events costs the GPU: the Python kernel with both, and with its
-    # start alone (on the compute stream; the end, on the future callback's stream, left out)
-    "dtprof-python-bucket-events": {"env": {"DTPROF_NATIVE": "0"}},
-    "dtprof-python-bucket-start-only": {"env": {"DTPROF_NATIVE": "0"}, "bucket_end": False},
-    # no recording; the model's twin on a group with NCCL's own timing events
+    # DDP's buckets through dtprof's comm hook and the Python API, whose end is an event in
+    # the future's callback (as for every collective but DDP's buckets on NCCL); and without
+    # GPU timing, for the hook's own cost. Each on a twin of the model of its own: a comm hook
+    # stays with a DDP model for good.
+    "dtprof-comm-hook": {"ddp_buckets": "comm_hook", "twin": "comm-hook"},
+    "dtprof-comm-hook-no-gpu-timing": {
+        "ddp_buckets": "comm_hook",
+        "gpu_timing": False,
+        "twin": "comm-hook-no-gpu-timing",
+    },
+    # no recording; a twin of the model on a group with NCCL's own timing events
     # (TORCH_NCCL_ENABLE_TIMING): what those cost the GPU
-    "bare-nccl-timing": {"bare": True, "nccl_timing": True},
+    "bare-nccl-timing": {"bare": True, "twin": "nccl-timing", "nccl_timing": True},
 }
 # the modes of part 3's first loop, batch 8, where the host's launches bound the step
 # (on the lent H200 the bare blocks of this loop alone spread by 10%: too noisy for a 1% goal)
 LAUNCH_BOUND_MODES = ["bare", "bare-again", "dtprof"]
 GPU_BOUND_BATCH = 64  # part 3's second loop: a batch whose step the GPU, not the host, bounds
 # (NVML, GPM, the phases' hooks and prof.log were each seen to cost nothing here: docs/gpu.md)
-GPU_BOUND_MODES = ["bare", "bare-again", "dtprof", "dtprof-no-gpu-timing"]
-GPU_BOUND_MODES += ["dtprof-gpu-phases-only", "dtprof-gpu-buckets-only"]
+GPU_BOUND_MODES = ["bare", "bare-again", "dtprof", "dtprof-no-gpu-timing", "dtprof-python-kernel"]
+GPU_BOUND_MODES += ["dtprof-comm-hook", "dtprof-comm-hook-no-gpu-timing"]
 
 
 def part_three(
@@ -546,13 +583,10 @@ def timed_block(
     env = dict((options or {}).get("env", {}))
     log = (options or {}).get("log", True)
     os.environ.update(env)
-    if (options or {}).get("nccl_timing"):
-        model, opt = nccl_timed_twin(model)
+    if options is not None and options.get("twin"):
+        model, opt = twin(model, options["twin"], bool(options.get("nccl_timing")))
     if (options or {}).get("bare"):
         options = None
-    gpu_end = dtprof.record.comms.CommRecorder._gpu_end
-    if (options or {}).get("bucket_end") is False:
-        dtprof.record.comms.CommRecorder._gpu_end = _release_start  # type: ignore[method-assign]
     gpm_sampler = dtprof.record.gpu.GpmSampler
     if (options or {}).get("no_gpm"):
         dtprof.record.gpu.GpmSampler = NoGpm  # type: ignore[misc,assignment]
@@ -567,7 +601,7 @@ def timed_block(
             "no_gpm",
             "bucket_events",
             "phase_events",
-            "bucket_end",
+            "twin",
             "bare",
             "nccl_timing",
         ):
@@ -611,7 +645,6 @@ def timed_block(
             del os.environ[key]
         dtprof.record.gpu.GpmSampler = gpm_sampler  # type: ignore[misc]
         dtprof.record.phases.PhaseHooks._mark = phase_mark  # type: ignore[method-assign]
-        dtprof.record.comms.CommRecorder._gpu_end = gpu_end  # type: ignore[method-assign]
     found = {
         "wall_ms": wall / steps * 1e3,
         "cpu_ms": cpu / steps * 1e3,
@@ -630,25 +663,19 @@ def timed_block(
     return found
 
 
-def _release_start(self: Any, token: int, record: Any, end: int, error: bool) -> None:
-    """In place of CommRecorder._gpu_end: the start event back to the pool, no end event."""
-    timer = self.prof.gpu_timer
-    event = self._gpu_events.pop(token, None)
-    if timer is not None:
-        timer.release(event)
-
-
 @functools.cache
-def nccl_timed_twin(model: nn.Module) -> tuple[nn.Module, torch.optim.Optimizer]:
-    """A copy of ``model`` (DDP) on a group of its own created with NCCL's timing events on,
-    and its optimizer."""
-    os.environ["TORCH_NCCL_ENABLE_TIMING"] = "1"  # read when the group is made
-    try:
-        group = dist.new_group([0])
-    finally:
-        del os.environ["TORCH_NCCL_ENABLE_TIMING"]
-    twin = copy.deepcopy(model.module)
-    ddp = DDP(twin, device_ids=[0], process_group=group)
+def twin(model: nn.Module, name: str, nccl_timing: bool) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """A copy of ``model`` (DDP) for the modes named ``name``, and its optimizer; with
+    ``nccl_timing``, on a group of its own created with NCCL's timing events on."""
+    group = None
+    if nccl_timing:
+        os.environ["TORCH_NCCL_ENABLE_TIMING"] = "1"  # read when the group is made
+        try:
+            group = dist.new_group([0])
+        finally:
+            del os.environ["TORCH_NCCL_ENABLE_TIMING"]
+    copied = copy.deepcopy(model.module)
+    ddp = DDP(copied, device_ids=[0], process_group=group)
     return ddp, torch.optim.AdamW(ddp.parameters(), lr=1e-4)
 
 
@@ -1043,6 +1070,7 @@ def table_one(one: dict[str, Any]) -> list[str]:
         f"probe: host after sync - GPU end = {one['probe']['host_after_sync_minus_gpu_end_us']} us"
     )
     lines.append(f"NCCL's own timing (ms): {one['nccl_own_timing_ms']}")
+    lines.append(f"buckets' GPU ends vs the optimizer: {one['buckets_end_before_the_optimizer']}")
     lines.append(f"gpu_timing: {one['meta'].get('gpu_timing')}")
     lines.append(f"DDP buckets: {one['meta'].get('ddp_buckets_kernel')} kernel")
     lines.append(f"logged loss: {one['logged_loss']}")

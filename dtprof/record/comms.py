@@ -157,6 +157,8 @@ class CommRecorder:
         self._native: Any = None  # ddp_buckets.NativeBuckets, where the native kernel records
         self._native_slots: dict[str, int] = {}  # group name -> its counter in native memory
         self._gpu_events: dict[int, Any] = {}  # token -> the CUDA event where the call began
+        self.nccl_timed: set[Any] = set()  # groups whose DDP buckets NCCL times (launched())
+        self._nccl_works: dict[int, Any] = {}  # token -> the Work of a bucket NCCL times
 
     # -- installation
 
@@ -384,11 +386,13 @@ class CommRecorder:
 
     def _gpu_end(self, token: int, record: tuple[Any, ...], end: int, error: bool) -> None:
         """The GPU end of a CUDA operation: an event on the current stream, which waits for the
-        operation (a synchronous call has returned, or its future's callback runs). Until the
+        operation (a synchronous call has returned, or its future's callback runs), or for a
+        DDP bucket that NCCL times, NCCL's own end (gpu_timing.NcclEnd). Until the
         GPU has passed it, the operation stays in flight: on NCCL the host is done at once,
         and a collective that hangs hangs on the GPU, where the hang watchdog and inflight.json
         must see it."""
         event = self._gpu_events.pop(token, None)
+        work = self._nccl_works.pop(token, None)
         timer = self.prof.gpu_timer
         if event is None or timer is None:
             return
@@ -398,7 +402,8 @@ class CommRecorder:
         step, gname, seq, op = record[:4]
         head = (step, op, "collective", gname, seq)
         self.inflight[token] = record
-        if not timer.pair(event, head, record[7], end, partial(self.inflight.pop, token, None)):
+        done = partial(self.inflight.pop, token, None)
+        if not timer.pair(event, head, record[7], end, done, work=work):
             self.inflight.pop(token, None)
 
     def launched(
@@ -423,6 +428,8 @@ class CommRecorder:
             if timer is not None:  # the current stream, just after the launch made the
                 # communication wait for it: where the bucket's gradients are ready
                 self._gpu_events[token] = timer.mark()
+                if group in self.nccl_timed:
+                    self._nccl_works[token] = work
         else:
             waiter = self._waiter
             if waiter is None:

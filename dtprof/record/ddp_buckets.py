@@ -20,9 +20,10 @@ Where it is built (``dtprof build-native``), the same kernel in C++ (:class:`Nat
 a few hundred µs per step of a small DDP model (benchmarks/overhead.py), the native one about
 nothing measurable. On a CUDA job each bucket is also timed on the GPU (dtprof.record.
 gpu_timing) by whichever kernel records it, the native one with c10 events of its own that
-sync() reads back. Where neither kernel can be registered (a torch without these operators,
-or a kernel of someone else's there) or would not see the buckets (parameters on a device
-other than CPU and CUDA), ``ddp_hook`` records them through a comm hook instead.
+sync() reads back; on NCCL, a bucket's end comes from NCCL's own timing. Where neither kernel
+can be registered (a torch without these operators, or a kernel of someone else's there) or
+would not see the buckets (parameters on a device other than CPU and CUDA), ``ddp_hook``
+records them through a comm hook instead.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from dtprof.record import comms
-from dtprof.record.gpu_timing import ANCHOR_EVERY_S
+from dtprof.record.gpu_timing import ANCHOR_EVERY_S, use_nccl_timing
 
 if TYPE_CHECKING:
     from dtprof.record.comms import CommRecorder
@@ -76,6 +77,8 @@ class BucketWatch:
                 raise
             self._lib = lib
         self._groups.setdefault(group, [-2, 0])
+        if self.recorder.prof.gpu_timer is not None and on_cuda(model) and use_nccl_timing(group):
+            self.recorder.nccl_timed.add(group)
 
     def uninstall(self) -> None:
         self.enabled = False
@@ -119,6 +122,10 @@ def bucket_label(count: list[int], floating: bool, task: int) -> str:
     return f"ddp.bucket{count[1] - 1}"
 
 
+def on_cuda(model: torch.nn.Module) -> bool:
+    return any(p.is_cuda for p in model.parameters())
+
+
 def ddp_group(model: torch.nn.parallel.DistributedDataParallel) -> Any:
     """The process group of ``model``'s buckets; raises where a kernel under the CPU and CUDA
     autograd keys would not see them."""
@@ -155,12 +162,13 @@ class NativeBuckets:
             self.ops.install()
             self._installed = True
         slot = int(self.ops.watch(group.boxed()))
-        if self._gpu is None and self.recorder.prof.gpu_timer is not None:
-            device = next((p.device for p in model.parameters() if p.is_cuda), None)
-            if device is not None:
+        if self.recorder.prof.gpu_timer is not None and on_cuda(model):
+            if self._gpu is None:
+                device = next(p.device for p in model.parameters() if p.is_cuda)
                 self._gpu = int(device.index or 0)
                 self._anchor()
                 self.ops.set_gpu_timing(True)
+            self.ops.use_nccl_timing(slot)
         name = self.recorder.group_name(group)
         if slot not in self.names:
             # the group's sequence numbers go on from where Python's count is

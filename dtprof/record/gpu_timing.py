@@ -23,10 +23,12 @@ under the default ("global") mode of ``torch.cuda.graph``, an event query from a
 while the training thread captures a graph would invalidate the user's capture.
 
 Collectives: the start event is recorded where the call is made (the communication stream
-waits for the current stream there), the end event where the call returns for a synchronous
-one (the current stream then waits for the communication), or in the callback of its future
-(run on a stream made to wait for the operation's own end events): the GPU's transfer, not its
-launch.
+waits for the current stream there): the operation's arrival on the GPU. The end event is
+recorded where the call returns for a synchronous one (the current stream then waits for the
+communication), or in the callback of its future (run on a stream made to wait for the
+operation's own end events): the GPU's transfer, not its launch. DDP's buckets on NCCL are the
+exception (:class:`NcclEnd`): an event in that callback holds the GPU up, about 1% of a
+GPU-bound step (docs/gpu.md), so their end comes from NCCL's own timing.
 """
 
 from __future__ import annotations
@@ -98,6 +100,47 @@ def capturing() -> bool:
     return torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()
 
 
+def use_nccl_timing(group: Any) -> bool:
+    """Turn NCCL's own timing on for ``group`` where its backend for CUDA tensors is NCCL (for
+    good: torch has no way to turn it off; it costs nothing measurable); whether it is on. On a
+    group with a backend for CPU tensors too, that backend's timing is turned on with it."""
+    try:
+        if group._get_backend(torch.device("cuda"))._get_backend_name() != "nccl":
+            return False
+        group._enable_collectives_timing()
+    except (AttributeError, RuntimeError, ValueError):  # no CUDA backend, or an older torch
+        return False
+    return True
+
+
+class NcclEnd:
+    """The GPU end of an operation that NCCL times (``use_nccl_timing``), in place of an end
+    event: NCCL records timing events around the operation on its own stream, and its Work
+    gives their interval once complete. A group's operations run one after another on that
+    stream, so each starts at its arrival (the start event) or at the end of the group's
+    previous one (``chain``, shared by the group's NcclEnds), whichever is later.
+
+    It holds the Work, and with it the operation's tensors, until the writer reads it: for
+    DDP's buckets, which DDP keeps anyway."""
+
+    def __init__(self, work: Any, chain: list[int]) -> None:
+        self.work = work
+        self.chain = chain
+
+    def query(self) -> bool:
+        return bool(self.work.is_completed())
+
+    def end_ns(self, gpu_start: int) -> int | None:
+        """The GPU end on the host's clock, given the GPU arrival; None where NCCL cannot say
+        (the operation failed)."""
+        try:
+            duration_ns = round(self.work._get_duration() * 1e6)
+        except (RuntimeError, AttributeError):
+            return None
+        self.chain[0] = max(gpu_start, self.chain[0]) + duration_ns
+        return self.chain[0]
+
+
 def wanted(prof: Profiler, model: Any) -> str | None:
     """Why GPU timing is off for this profile, or None where it is on: where the job uses CUDA
     (dtprof.record.gpu.why_no_cuda)."""
@@ -114,6 +157,7 @@ class GpuTimer:
         self.out = prof.gpu_spans
         self._free: list[torch.cuda.Event] = []
         self._pending: collections.deque[tuple[Any, ...]] = collections.deque()
+        self._nccl_chains: dict[Any, list[int]] = {}  # group -> its last NCCL-timed GPU end
         self._anchor_host: list[int] = []  # host ns of each anchor, ascending
         self._anchor_event: list[torch.cuda.Event] = []
         self._side = torch.cuda.Stream()
@@ -164,13 +208,19 @@ class GpuTimer:
         host_start: int,
         host_end: int,
         done: Callable[[], object] | None = None,
+        work: Any = None,
     ) -> bool:
-        """Close the interval that ``start`` opened with an event recorded now; ``head`` is the
-        row's (step, name, kind, group, seq). ``done`` is called on the writer thread once the
-        GPU has passed it. False where it is not timed (then ``done`` is never called)."""
+        """Close the interval that ``start`` opened with an event recorded now, or where
+        ``work`` is given, with the end NCCL times (:class:`NcclEnd`); ``head`` is the row's
+        (step, name, kind, group, seq). ``done`` is called on the writer thread once the GPU
+        has passed it. False where it is not timed (then ``done`` is never called)."""
         if start is None:
             return False
-        end = self.mark()
+        end: torch.cuda.Event | NcclEnd | None
+        if work is not None:
+            end = NcclEnd(work, self._nccl_chains.setdefault(head[3], [0]))
+        else:
+            end = self.mark()
         if end is None:
             self._free.append(start)
             return False
@@ -189,14 +239,18 @@ class GpuTimer:
         if now_ns() - self._anchor_host[-1] > ANCHOR_EVERY_S * 1e9:
             self._anchor()
         pending = self._pending
+        waiting: set[int] = set()  # chains whose earlier operation the GPU has not passed
         for _ in range(len(pending)):  # those appended meanwhile wait for the next drain
             try:
                 item = pending.popleft()
             except IndexError:  # the writer's tick and close() at exit both drained it
                 break
             start, end = item[0], item[1]
-            if not (end.query() and start.query()):
-                pending.append(item)
+            chain = id(end.chain) if isinstance(end, NcclEnd) else None
+            if chain in waiting or not (end.query() and start.query()):
+                pending.append(item)  # (a group's NCCL-timed ones are read in launch order)
+                if chain is not None:
+                    waiting.add(chain)
                 continue
             self._write(*item)
         self.prof.note_meta(gpu_timing=self.status())
@@ -225,7 +279,7 @@ class GpuTimer:
     def _write(
         self,
         start: torch.cuda.Event,
-        end: torch.cuda.Event,
+        end: torch.cuda.Event | NcclEnd,
         head: tuple[Any, ...],
         host_start: int,
         host_end: int,
@@ -234,11 +288,16 @@ class GpuTimer:
         at = max(0, bisect.bisect_right(self._anchor_host, host_start) - 1)
         anchor, base = self._anchor_event[at], self._anchor_host[at]
         gpu_start = base + round(anchor.elapsed_time(start) * 1e6)
-        gpu_end = base + round(anchor.elapsed_time(end) * 1e6)
-        self.out.append((*head, host_start, host_end, gpu_start, max(gpu_start, gpu_end)))
+        gpu_end: int | None
+        if isinstance(end, NcclEnd):
+            gpu_end = end.end_ns(gpu_start)
+        else:
+            gpu_end = base + round(anchor.elapsed_time(end) * 1e6)
+            self._free.append(end)
         self._free.append(start)
-        self._free.append(end)
-        self.timed += 1
+        if gpu_end is not None:
+            self.out.append((*head, host_start, host_end, gpu_start, max(gpu_start, gpu_end)))
+            self.timed += 1
         if done is not None:
             done()
 

@@ -363,3 +363,20 @@ def test_native_buckets_timed_on_the_gpu_become_gpu_spans_rows() -> None:
     timer = recorder.gpu_timer
     assert (timer.timed, timer.dropped_native, timer.anchor_error_ns) == (1, 3, 40_000)
     assert ops.anchors == 1  # the anchor was due: renewed on the writer's tick
+
+
+def test_the_native_kernel_uses_nccls_timing_only_on_a_group_whose_cuda_backend_is_nccl(
+    world_of_one: None,
+) -> None:
+    native_kernel_or_skip()
+    from dtprof.record import native
+
+    ops = native.load()[0].ops
+    ops.install()
+    try:
+        slot = int(ops.watch(dist.group.WORLD.boxed()))
+        assert not ops.use_nccl_timing(slot)  # gloo's
+        with pytest.raises(RuntimeError, match="no watched group"):
+            ops.use_nccl_timing(slot + 1)
+    finally:
+        ops.uninstall()

@@ -208,3 +208,122 @@ def test_events_are_read_in_the_relaxed_capture_mode_and_the_threads_mode_comes_
     with gpu_timing.relaxed_capture_mode():
         pass
     assert calls == []
+
+
+class _Work:
+    """A stand-in NCCL Work with NCCL's own timing on: complete when the test says so."""
+
+    def __init__(self, duration_ms: float | None) -> None:
+        self.duration_ms = duration_ms
+        self.done = False
+
+    def is_completed(self) -> bool:
+        return self.done
+
+    def _get_duration(self) -> float:
+        if self.duration_ms is None:
+            raise RuntimeError("the operation failed")
+        return self.duration_ms
+
+
+def _bucket(timer: gpu_timing.GpuTimer, seq: int, work: _Work, called: list[int]) -> _Event:
+    start = timer.mark()
+    host = gpu_timing.now_ns()
+    head = (1, "all_reduce", "collective", "0", seq)
+    assert timer.pair(start, head, host, host, partial(called.append, seq), work=work)
+    return start  # type: ignore[return-value]
+
+
+def test_a_bucket_nccl_times_starts_at_its_arrival_or_after_the_one_before_it(timer) -> None:
+    """NCCL runs a group's operations one after another: the second bucket arrived while the
+    first was still reducing, so it began where the first ended."""
+    called: list[int] = []
+    first_work, second_work = _Work(5.0), _Work(2.0)
+    first = _bucket(timer, 0, first_work, called)
+    second = _bucket(timer, 1, second_work, called)
+    assert second.gpu_ns is not None and first.gpu_ns is not None
+    assert second.gpu_ns - first.gpu_ns < 5_000_000  # arrived before the first could end
+    first.done = second.done = True
+    timer.drain()
+    assert not timer.out and called == []  # NCCL has not finished either: in flight
+    first_work.done = second_work.done = True
+    timer.drain()
+    (a, b) = sorted(timer.out, key=lambda row: row[4])
+    assert a[7] == pytest.approx(first.gpu_ns, abs=timer.anchor_error_ns + 50_000)
+    assert a[8] - a[7] == 5_000_000
+    assert b[7] == pytest.approx(second.gpu_ns, abs=timer.anchor_error_ns + 50_000)
+    assert b[8] == a[8] + 2_000_000  # waited for the first, then its own 2 ms
+    assert called == [0, 1] and not timer._pending and timer.status().timed == 2
+
+
+def test_a_later_bucket_is_not_read_before_an_earlier_one_of_its_group(timer) -> None:
+    """Read in launch order, even where the GPU passes both between two queries."""
+    called: list[int] = []
+    first_work, second_work = _Work(1.0), _Work(1.0)
+    first = _bucket(timer, 0, first_work, called)
+    second = _bucket(timer, 1, second_work, called)
+    first.done = second.done = second_work.done = True  # (as if read just before the first)
+    timer.drain()
+    assert called == [] and len(timer._pending) == 2
+    first_work.done = True
+    timer.drain()
+    assert called == [0, 1]
+
+
+def test_a_bucket_whose_operation_failed_leaves_flight_untimed(timer) -> None:
+    called: list[int] = []
+    work = _Work(None)
+    start = _bucket(timer, 0, work, called)
+    start.done = work.done = True
+    timer.drain()
+    assert called == [0] and not timer.out and not timer.prof.failed
+
+
+def test_nccl_timing_is_turned_on_only_for_a_group_whose_cuda_backend_is_nccl() -> None:
+    turned_on: list[str] = []
+
+    def group(name: str) -> Any:
+        backend = SimpleNamespace(_get_backend_name=lambda: name)
+        return SimpleNamespace(
+            _get_backend=lambda device: backend,
+            _enable_collectives_timing=lambda: turned_on.append(name),
+        )
+
+    def no_cuda_backend(device: torch.device) -> Any:
+        raise RuntimeError("No backend type associated with device type cuda")
+
+    assert gpu_timing.use_nccl_timing(group("nccl"))
+    assert not gpu_timing.use_nccl_timing(group("gloo"))
+    assert not gpu_timing.use_nccl_timing(SimpleNamespace(_get_backend=no_cuda_backend))
+    assert turned_on == ["nccl"]
+
+
+class _OnCuda(torch.Tensor):
+    @property
+    def is_cuda(self) -> bool:  # type: ignore[override]
+        return True
+
+
+def test_a_bucket_of_a_group_nccl_times_is_closed_by_nccls_end_not_an_event(timer) -> None:
+    """The Python kernel's path: the bucket's Work goes to the timer in place of an end event,
+    and the bucket stays in flight until NCCL has finished it."""
+    from dtprof.record import comms
+
+    prof = timer.prof
+    prof.rank, prof.collectives, prof.step_index, prof.gpu_timer = 0, deque(), 2, timer
+    recorder = comms.CommRecorder(prof)  # type: ignore[arg-type]
+    recorder.group_name = lambda group: "0"  # type: ignore[method-assign]
+    group, work = object(), _Work(3.0)
+    future = SimpleNamespace(add_done_callback=lambda callback: callback(future), value=lambda: 0)
+    work.get_future = lambda: future  # type: ignore[attr-defined]
+    recorder.nccl_timed.add(group)
+    tensor = torch.ones(4).as_subclass(_OnCuda)
+    recorder.launched(group, [tensor], gpu_timing.now_ns(), "ddp.bucket0", work)
+    start, end = timer._pending[0][:2]
+    assert isinstance(end, gpu_timing.NcclEnd) and end.work is work
+    assert [op.label for op in recorder.inflight_snapshot()] == ["ddp.bucket0"]
+    start.done = work.done = True
+    timer.drain()
+    assert recorder.inflight_snapshot() == []
+    (row,) = timer.out
+    assert row[:5] == (2, "all_reduce", "collective", "0", 0) and row[8] - row[7] == 3_000_000

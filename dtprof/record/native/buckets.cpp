@@ -14,14 +14,21 @@
 // a flag that says the wrapped Python API is running on it.
 //
 // With GPU timing on (set_gpu_timing), a call on CUDA tensors also gets a CUDA event on the
-// calling stream just after its launch (where the communication waits for the gradients) and
-// one in its future's callback (run on a stream made to wait for the operation's end). Such a
-// record stays in flight until drain() finds that the GPU has passed both events; it then gets
-// the GPU's times on the host's clock, through an anchor: an event recorded on an idle stream
-// and waited for by anchor(), whose host time is known to within half that wait. These are
-// c10::Events, device-generic: nothing here needs CUDA's headers, and a CPU build of torch
-// never makes one. What dtprof/record/gpu_timing.py does in Python for the other intervals.
-// A call launched into a CUDA graph's capture is recorded on the host alone (capturing()).
+// calling stream just after its launch: where the communication waits for the gradients, the
+// bucket's arrival on the GPU. Its end comes from NCCL's own timing where the group's CUDA
+// backend is NCCL (use_nccl_timing): NCCL records timing events around the operation on its
+// own stream, and the record keeps the Work until it is complete, then takes its duration;
+// the group's operations run one after another on that stream, so the operation started at
+// its arrival or at the end of the group's previous one, whichever is later. Elsewhere, the
+// end is an event recorded in the future's callback (run on a stream made to wait for the
+// operation's end). An event there costs a GPU-bound step about 1% with DDP's buckets on NCCL
+// (docs/gpu.md); NCCL's own events cost nothing measurable. Such a record stays in flight until
+// drain() finds that the GPU has passed its end; it then gets the GPU's times on the host's
+// clock, through an anchor: an event recorded on an idle stream and waited for by anchor(),
+// whose host time is known to within half that wait. These are c10::Events, device-generic:
+// nothing here needs CUDA's headers, and a CPU build of torch never makes one. What
+// dtprof/record/gpu_timing.py does in Python for the other intervals. A call launched into a
+// CUDA graph's capture is recorded on the host alone (capturing()).
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/Event.h>
@@ -68,8 +75,9 @@ struct Record {
   int64_t gpu_start_ns, gpu_end_ns;  // -1: not timed on the GPU
 };
 
-struct Timed {  // the CUDA events of a record timed on the GPU
+struct Timed {  // the GPU's side of a record timed on the GPU
   std::optional<c10::Event> start, end;
+  c10::intrusive_ptr<c10d::Work> work;  // where NCCL times it: its duration, once complete
 };
 
 struct Anchor {
@@ -94,6 +102,8 @@ std::map<int64_t, Timed> timed;  // by id: the records of `inflight` timed on th
 std::vector<c10::Event> spare;  // events read back, to be recorded again
 std::vector<Anchor> anchors;  // by host time
 int64_t gpu_dropped = 0;
+std::array<std::atomic<bool>, kSlots> nccl_timed{};  // per slot: NCCL times its operations
+std::array<int64_t, kSlots> nccl_last_end{};  // per slot: the GPU end of its last timed one
 
 c10::Stream current_stream(c10::Device device) {
   c10::impl::VirtualGuardImpl impl(device.type());
@@ -179,6 +189,9 @@ void completed(int64_t id, bool error, std::optional<c10::Device> gpu) {
       t->second.end.emplace(std::move(*end_event));
       return;
     }
+    if (t->second.work && !error) {  // timed by NCCL: drain() finishes it
+      return;
+    }
     if (t->second.start) {
       spare.push_back(std::move(*t->second.start));
     }
@@ -257,6 +270,7 @@ void kernel(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit:
       return;
     }
     std::optional<c10::Event> start_event;
+    const bool by_nccl = gpu && nccl_timed[slot].load(std::memory_order_relaxed);
     if (gpu) {  // the current stream, just after the launch made the communication wait for it
       try {
         start_event.emplace(record_event(*gpu));
@@ -272,7 +286,11 @@ void kernel(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit:
       inflight.emplace(id, rec);
       if (start_event) {
         if (timed.size() < kMaxTimed) {
-          timed[id].start.emplace(std::move(*start_event));
+          Timed& t = timed[id];
+          t.start.emplace(std::move(*start_event));
+          if (by_nccl) {
+            t.work = work;
+          }
         } else {
           ++gpu_dropped;
           spare.push_back(std::move(*start_event));
@@ -287,8 +305,11 @@ void kernel(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit:
       completed(id, false, std::nullopt);
       return;
     }
-    // may run at once, on this thread, where the operation is complete already
-    future->addCallback([id, gpu](c10::ivalue::Future& f) { completed(id, f.hasError(), gpu); });
+    // may run at once, on this thread, where the operation is complete already (on NCCL, at
+    // launch); an end event only where NCCL does not time the operation
+    const std::optional<c10::Device> end_on = by_nccl ? std::nullopt : gpu;
+    future->addCallback(
+        [id, end_on](c10::ivalue::Future& f) { completed(id, f.hasError(), end_on); });
   } catch (const std::exception& e) {
     fail(std::string("following the operation: ") + e.what());
   }
@@ -325,11 +346,39 @@ void install() {
   timed.clear();
   anchors.clear();
   gpu_dropped = 0;
+  for (auto& on : nccl_timed) {
+    on.store(false);
+  }
+  nccl_last_end.fill(0);
   shared = Shared{};
   enabled.store(true);
 }
 
 void set_gpu_timing(bool on) { gpu_timing.store(on); }
+
+// NCCL's own timing for the calls on CUDA tensors of watched group `slot`, where its CUDA
+// backend is NCCL: turned on for the group (for good: torch has no way to turn it off; it
+// costs nothing measurable) and used from the next call. Whether it is used.
+bool use_nccl_timing(int64_t slot) {
+  c10::intrusive_ptr<c10d::ProcessGroup> group;
+  {
+    std::lock_guard<std::mutex> guard(mu);
+    TORCH_CHECK(slot >= 0 && slot < n_watched.load(), "dtprof_native: no watched group ", slot);
+    group = watched[slot];
+  }
+  c10::intrusive_ptr<c10d::Backend> backend;
+  try {
+    backend = group->getBackend(c10::DeviceType::CUDA);
+  } catch (const std::exception&) {  // no backend for CUDA tensors
+    return false;
+  }
+  if (!backend || backend->getBackendName() != "nccl") {
+    return false;
+  }
+  backend->enableCollectivesTiming();
+  nccl_timed[slot].store(true);
+  return true;
+}
 
 // A new anchor on `device`: returns the bound on its host time's error, in ns.
 int64_t anchor(int64_t device_index) {
@@ -371,24 +420,66 @@ int64_t dropped() {
   return gpu_dropped;
 }
 
-// Under mu: the records the GPU has passed both events of, with its times, into `done`.
+// The last anchor before a call at host time `start_ns` (the first one where there is none).
+const Anchor& anchor_for(int64_t start_ns) {
+  auto at = anchors.begin();
+  for (auto a = anchors.begin(); a != anchors.end() && a->host_ns <= start_ns; ++a) {
+    at = a;
+  }
+  return *at;
+}
+
+// Under mu: the GPU's start and end of `rec`, timed by NCCL, into the record; false where
+// NCCL's timing cannot say (the operation failed). The group's last end moves on.
+bool nccl_times(Record& rec, const Anchor& at, Timed& events) {
+  float duration_ms = 0;
+  try {
+    duration_ms = events.work->getDuration();
+  } catch (const std::exception&) {
+    return false;
+  }
+  rec.gpu_start_ns = at.host_ns + std::llround(at.event.elapsedTime(*events.start) * 1e6);
+  const int64_t began = std::max(rec.gpu_start_ns, nccl_last_end[rec.slot]);
+  rec.gpu_end_ns = began + std::llround(static_cast<double>(duration_ms) * 1e6);
+  nccl_last_end[rec.slot] = rec.gpu_end_ns;
+  return true;
+}
+
+// Under mu: the records the GPU has passed, with its times, into `done`. Those timed by NCCL
+// in launch order within their group (each starts after the one before it ends).
 void finish_timed() {
+  std::array<bool, kSlots> waiting{};  // a group whose earlier NCCL-timed record is not done
   for (auto t = timed.begin(); t != timed.end();) {
     Timed& events = t->second;
-    if (!events.start || !events.end || !events.end->query() || !events.start->query()) {
+    auto it = inflight.find(t->first);
+    if (events.work && it != inflight.end()) {
+      Record& rec = it->second;
+      const bool ready = !waiting[rec.slot] && rec.end_ns >= 0 && events.work->isCompleted() &&
+                         events.start->query();
+      if (!ready) {
+        waiting[rec.slot] = true;
+        ++t;
+        continue;
+      }
+      if (anchors.empty() || !nccl_times(rec, anchor_for(rec.start_ns), events)) {
+        rec.gpu_start_ns = rec.gpu_end_ns = -1;  // done, not timed
+      }
+      done.push_back(rec);
+      inflight.erase(it);
+      spare.push_back(std::move(*events.start));
+      t = timed.erase(t);
+      continue;
+    }
+    if (!events.work && (!events.start || !events.end || !events.end->query() ||
+                         !events.start->query())) {
       ++t;
       continue;
     }
-    auto it = inflight.find(t->first);
     if (it != inflight.end() && !anchors.empty()) {
       Record& rec = it->second;
-      // the last anchor before the call (the first one where there is none)
-      auto at = anchors.begin();
-      for (auto a = anchors.begin(); a != anchors.end() && a->host_ns <= rec.start_ns; ++a) {
-        at = a;
-      }
-      rec.gpu_start_ns = at->host_ns + std::llround(at->event.elapsedTime(*events.start) * 1e6);
-      rec.gpu_end_ns = at->host_ns + std::llround(at->event.elapsedTime(*events.end) * 1e6);
+      const Anchor& at = anchor_for(rec.start_ns);
+      rec.gpu_start_ns = at.host_ns + std::llround(at.event.elapsedTime(*events.start) * 1e6);
+      rec.gpu_end_ns = at.host_ns + std::llround(at.event.elapsedTime(*events.end) * 1e6);
       rec.gpu_end_ns = std::max(rec.gpu_end_ns, rec.gpu_start_ns);
       done.push_back(rec);
       inflight.erase(it);
@@ -396,8 +487,12 @@ void finish_timed() {
       done.push_back(it->second);
       inflight.erase(it);
     }
-    spare.push_back(std::move(*events.start));
-    spare.push_back(std::move(*events.end));
+    if (events.start) {
+      spare.push_back(std::move(*events.start));
+    }
+    if (events.end) {
+      spare.push_back(std::move(*events.end));
+    }
     t = timed.erase(t);
   }
 }
@@ -477,6 +572,7 @@ at::Tensor dtype_probe(int64_t code) {
 TORCH_LIBRARY(dtprof_native, m) {
   m.def("install() -> ()", &install);
   m.def("set_gpu_timing(bool on) -> ()", &set_gpu_timing);
+  m.def("use_nccl_timing(int slot) -> bool", &use_nccl_timing);
   m.def("anchor(int device_index) -> int", &anchor);
   m.def("gpu_dropped() -> int", &dropped);
   m.def("release_gpu() -> ()", &release_gpu);
