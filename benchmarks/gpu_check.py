@@ -9,9 +9,10 @@
    hang watchdog, NVML every 0.2 s, the loss). Checked: every phase, the region and the
    collectives have GPU times; a region around a GPU sleep of known length gets that length
    on the GPU and almost none on the host; the GPU end of a last region against the host time
-   right after a ``torch.cuda.synchronize()`` (the anchors' accuracy). NCCL's own timing of
-   each collective (``TORCH_NCCL_ENABLE_TIMING``, an on-completion hook) is read beside
-   dtprof's, to compare.
+   right after a ``torch.cuda.synchronize()`` (the anchors' accuracy); in each step the last
+   bucket's GPU end comes before the optimizer's GPU start, and no two buckets overlap. NCCL's
+   own timing of each collective (``TORCH_NCCL_ENABLE_TIMING``, an on-completion hook) is read
+   beside dtprof's, to compare.
 2. **Two processes sharing the GPU**, gloo between them, CUDA compute, rank 1's forward given
    SLOW_MS more GPU work (a sleep kernel) each step: the same recording, and the straggler
    named from GPU times.
@@ -20,15 +21,13 @@
    rounds, each block's first WARM steps left out; then bare and recorded at a batch where
    the GPU, not the host, bounds the step (goal: recorded / bare <= 1.01). Each ratio also
    paired: to the bare block of the same round, since the host's speed drifts between rounds.
-   Then what CUDA events cost the GPU while it computes, wherever they are recorded.
 4. ``dtprof analyze`` on each trace.
 5. **Captures and a later attach**, each in a process of its own: a model's step captured
    into a CUDA graph in the "global" mode while dtprof's writer reads events back (with its
    relaxed capture mode, and without it), and the same with no dtprof and with a thread of
    the script's own; DDP's whole step captured on NCCL, bare and recorded; a script that
    knows nothing of dtprof run under ``dtprof run``, its model made on CUDA after recording
-   started; a CUDA job with ``gpu_timing=False`` (the backward by the native kernel's hook);
-   what events cost the GPU with CUDA_DEVICE_MAX_CONNECTIONS=1.
+   started; a CUDA job with ``gpu_timing=False`` (the backward by the native kernel's hook).
 
 Writes ``gpu_check.json`` (every figure) and ``gpu_check.txt`` (a short table) to ``--out``,
 with both reports beside them; the traces go to ``--work``. Exits 0 when it ran to the end;
@@ -402,96 +401,9 @@ def part_three(
             "failed": failed,
         }
     found["host_us"] = host_costs(tokens)
-    try:  # (not yet run on a GPU: a failure here must not lose the loops above)
-        found["event_costs"] = event_costs(device)
-    except Exception as exc:
-        found["event_costs"] = {"error": f"{type(exc).__name__}: {exc}"}
     dist.barrier()
     dist.destroy_process_group()
     return found
-
-
-def event_costs(device: torch.device, gemms: int = 2000, every: int = 10) -> dict[str, Any]:
-    """What CUDA events cost the GPU while it computes: a stream of ``gemms`` bf16 matrix
-    products (4096²), with, after every ``every``-th, one of the variants below. Those named
-    "comm" also launch, as NCCL does, a copy of 128 MB on a communication stream made to wait
-    for the compute stream, and place events as a bucket's timing would: a timing event on
-    the compute stream after the launch (the bucket's start), a side stream made to wait for
-    the copy with an event recorded there (its end, as the future's callback records it), or
-    timing events around the copy on its own stream (NCCL's own timing). Five interleaved
-    rounds; the median time of each, and its ratio to "none" (and of the "comm" ones, to
-    "comm")."""
-    a = torch.randn(4096, 4096, device=device, dtype=torch.bfloat16)
-    src = torch.randn(64 << 20, device=device, dtype=torch.bfloat16)
-    dst = torch.empty_like(src)
-    side, idle, comm = (torch.cuda.Stream(device) for _ in range(3))
-    n = gemms // every + 1
-    ready, done = torch.cuda.Event(), torch.cuda.Event()
-    pool = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-    pool2 = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-    plain = [torch.cuda.Event() for _ in range(n)]
-
-    def side_after_wait(events: list[torch.cuda.Event], k: int) -> None:
-        ready.record()
-        side.wait_event(ready)
-        events[k].record(side)
-
-    def communicate(k: int, start: str = "", end: str = "") -> None:
-        ready.record()
-        comm.wait_event(ready)
-        if start == "comm":
-            pool2[k].record(comm)
-        with torch.cuda.stream(comm):
-            dst.copy_(src)
-        if start == "compute":
-            pool2[k].record()
-        if end == "comm":
-            pool[k].record(comm)
-        elif end:
-            done.record(comm)
-            side.wait_event(done)
-            (pool if end == "side timing" else plain)[k].record(side)
-
-    variants = {
-        "none": lambda k: None,
-        "timing event, compute stream": lambda k: pool[k].record(),
-        "timing event, side stream after a wait": lambda k: side_after_wait(pool, k),
-        "plain event, side stream after a wait": lambda k: side_after_wait(plain, k),
-        "timing event, idle stream": lambda k: pool[k].record(idle),
-        "comm": communicate,
-        "comm, start on compute": lambda k: communicate(k, start="compute"),
-        "comm, end on a side stream (timing)": lambda k: communicate(k, end="side timing"),
-        "comm, end on a side stream (plain)": lambda k: communicate(k, end="side plain"),
-        "comm, start on compute, end on a side stream": lambda k: communicate(
-            k, start="compute", end="side timing"
-        ),
-        "comm, both on the comm stream (NCCL's own)": lambda k: communicate(
-            k, start="comm", end="comm"
-        ),
-    }
-    times: dict[str, list[float]] = {name: [] for name in variants}
-    for _ in range(5):
-        for name, action in variants.items():
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for i in range(gemms):
-                torch.mm(a, a)
-                if i % every == 0:
-                    action(i // every)
-            torch.cuda.synchronize()
-            times[name].append((time.perf_counter() - t0) * 1e3)
-    medians = {name: statistics.median(v) for name, v in times.items()}
-    return {
-        "gemms": gemms,
-        "events": gemms // every,
-        "median_ms": {name: round(v, 2) for name, v in medians.items()},
-        "ratio": {name: round(v / medians["none"], 4) for name, v in medians.items()},
-        "ratio_to_comm": {
-            name: round(v / medians["comm"], 4)
-            for name, v in medians.items()
-            if name.startswith("comm")
-        },
-    }
 
 
 def host_costs(tensor: torch.Tensor, n: int = 5000) -> dict[str, float]:
@@ -985,14 +897,6 @@ def no_gpu_timing(trace: Path) -> dict[str, Any]:
     }
 
 
-def event_costs_one_connection(trace: Path) -> dict[str, Any]:
-    """event_costs() with CUDA_DEVICE_MAX_CONNECTIONS=1 (Megatron-LM's setting: every stream
-    shares one hardware queue), where a timing event is known to stop communication from
-    overlapping computation (pytorch/pytorch#143890)."""
-    os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"  # before CUDA starts in this process
-    return event_costs(torch.device("cuda", 0))
-
-
 CASES = {
     "capture-race-none": lambda trace: capture_race(trace, "none"),
     "capture-race-plain": lambda trace: capture_race(trace, "plain"),
@@ -1002,7 +906,6 @@ CASES = {
     "capture-ddp-dtprof": lambda trace: capture_ddp(trace, True),
     "attach": attach,
     "no-gpu-timing": no_gpu_timing,
-    "event-costs-one-connection": event_costs_one_connection,
 }
 
 
@@ -1102,19 +1005,6 @@ def table_three(o: dict[str, Any]) -> list[str]:
         for mode, error in r.get("failed", {}).items():
             lines.append(f"{mode:<32}failed: {error}")
     lines.append(f"host us per call: {o['host_us']}")
-    if "event_costs" in o:
-        lines += event_cost_lines(o["event_costs"])
-    return lines
-
-
-def event_cost_lines(costs: dict[str, Any]) -> list[str]:
-    if "median_ms" not in costs:
-        return [f"events while the GPU computes: {costs}"]
-    lines = [f"events while the GPU computes ({costs['events']} among {costs['gemms']} GEMMs):"]
-    for name, ms in costs["median_ms"].items():
-        to_comm = costs.get("ratio_to_comm", {}).get(name)
-        also = f"  x comm {to_comm:.4f}" if to_comm is not None else ""
-        lines.append(f"  {name:<48}{ms:>10.2f} ms  x {costs['ratio'][name]:.4f}{also}")
     return lines
 
 
@@ -1133,9 +1023,6 @@ def table_five(cases: dict[str, Any]) -> list[str]:
     for name, c in cases.items():
         keep = ["capture", "replays", "query_errors", "region_gpu_ms", "losses_fall", "steps"]
         keep += ["collectives", "gpu_timed_collectives", "backward_timing", "spans", "error"]
-        if "median_ms" in c:  # event-costs-one-connection
-            lines += [f"  {name}:", *event_cost_lines(c)]
-            continue
         said = {k: c[k] for k in keep if k in c}
         meta = c.get("meta") or {}
         said.update({k: meta[k] for k in ("gpu_timing", "disabled_hooks") if meta.get(k)})
