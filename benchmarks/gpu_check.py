@@ -21,6 +21,8 @@
    rounds, each block's first WARM steps left out; then bare and recorded at a batch where
    the GPU, not the host, bounds the step (goal: recorded / bare <= 1.01). Each ratio also
    paired: to the bare block of the same round, since the host's speed drifts between rounds.
+   Then the same model sharded by FSDP2 (its collectives through the Python API), bare and
+   recorded; each block also gives its peak of allocated CUDA memory.
 4. ``dtprof analyze`` on each trace.
 5. **Captures and a later attach**, each in a process of its own: a model's step captured
    into a CUDA graph in the "global" mode while dtprof's writer reads events back (with its
@@ -362,6 +364,9 @@ GPU_BOUND_BATCH = 64  # part 3's second loop: a batch whose step the GPU, not th
 # (NVML, GPM, the phases' hooks and prof.log were each seen to cost nothing here: docs/gpu.md)
 GPU_BOUND_MODES = ["bare", "bare-again", "dtprof", "dtprof-no-gpu-timing", "dtprof-python-kernel"]
 GPU_BOUND_MODES += ["dtprof-comm-hook", "dtprof-comm-hook-no-gpu-timing"]
+# part 3's third loop: the same model sharded by FSDP2 (per block and whole), batch 64, whose
+# all-gathers and reduce-scatters go through the Python API (not yet run on a GPU)
+FSDP_MODES = ["bare", "bare-again", "dtprof", "dtprof-no-gpu-timing"]
 
 
 def part_three(
@@ -400,6 +405,23 @@ def part_three(
             **ratios(got),
             "failed": failed,
         }
+    if loops["fsdp"]:
+        try:  # (not yet run on a GPU: a failure here must not lose the loops above)
+            sharded, sharded_opt = fsdp_model(width, layers, device)
+            big = torch.randint(0, VOCAB, (GPU_BOUND_BATCH, SEQ + 1), device=device)
+            for _ in range(WARM):
+                train_step(sharded, sharded_opt, big)
+            got, failed = shuffled(
+                sharded, sharded_opt, big, steps // 3, rounds, loops["fsdp"], out / "fsdp"
+            )
+            found["fsdp"] = {
+                "batch": GPU_BOUND_BATCH,
+                "steps_per_block": steps // 3,
+                **ratios(got),
+                "failed": failed,
+            }
+        except Exception as exc:
+            found["fsdp"] = {"error": f"{type(exc).__name__}: {exc}"}
     found["host_us"] = host_costs(tokens)
     dist.barrier()
     dist.destroy_process_group()
@@ -527,6 +549,7 @@ def timed_block(
         for i in range(WARM + steps):
             if i == WARM:
                 torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
                 wall, cpu = time.perf_counter(), time.process_time()
                 joules = -energy_j()
                 host = dict.fromkeys(host, 0.0)
@@ -562,6 +585,7 @@ def timed_block(
         "cpu_ms": cpu / steps * 1e3,
         "watts": joules / wall if joules > 0 else 0.0,  # the GPU's mean power over the block
         "sm_mhz": sm_clock_mhz(),  # at the block's end
+        "peak_mb": torch.cuda.max_memory_allocated() / 2**20,
         **{k: v / steps * 1e3 for k, v in host.items()},
     }
     if prof is not None:  # which bucket kernel recorded, and how many buckets have GPU times
@@ -573,6 +597,22 @@ def timed_block(
         )
         found["collectives"] = float(len(t["collectives"]))
     return found
+
+
+def fsdp_model(
+    width: int, layers: int, device: torch.device
+) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """The transformer sharded by FSDP2 over the world (of one): each block, then the whole."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = Transformer(width, layers).to(device)
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    for block in model.blocks.layers:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-4)
 
 
 @functools.cache
@@ -681,6 +721,7 @@ def overhead(work: Path, a: argparse.Namespace) -> dict[str, Any]:
     args = ["--overhead", str(found), "--trace", str(work / "overhead_traces")]
     args += ["--rounds", str(a.rounds), "--width", str(a.width), "--layers", str(a.layers)]
     args += ["--launch-modes", a.launch_modes, "--gpu-modes", a.gpu_modes]
+    args += ["--fsdp-modes", a.fsdp_modes]
     env = {k: v for k, v in os.environ.items() if k != "TORCH_NCCL_ENABLE_TIMING"}
     subprocess.run([sys.executable, __file__, *args], check=True, timeout=330, env=env)
     result: dict[str, Any] = json.loads(found.read_text())
@@ -989,10 +1030,14 @@ def table_three(o: dict[str, Any]) -> list[str]:
         f"paired: to the same round's bare block; goal {o['goal']})"
     ]
     keys = ["wall_ms", "cpu_ms", "forward_ms", "backward_ms", "optimizer_ms", "watts", "sm_mhz"]
-    for loop in ("launch_bound", "gpu_bound"):
+    keys += ["peak_mb"]
+    for loop in ("launch_bound", "gpu_bound", "fsdp"):
         if loop not in o:
             continue
         r = o[loop]
+        if "error" in r:
+            lines.append(f"{loop}: {r['error']}")
+            continue
         lines.append(f"{loop.replace('_', '-')} loop, batch {r['batch']}:")
         head = f"{'mode':<32}" + "".join(f"{k:>13}" for k in keys)
         lines.append(head + f"{'wall x':>9}{'cpu x':>9}{'paired x':>10}")
@@ -1072,6 +1117,7 @@ def main() -> None:
     p.add_argument("--parts", default="1,2,3,4,5", help="which parts to run (default: all)")
     p.add_argument("--launch-modes", default=",".join(LAUNCH_BOUND_MODES), help="part 3, batch 8")
     p.add_argument("--gpu-modes", default=",".join(GPU_BOUND_MODES), help="part 3, batch 64")
+    p.add_argument("--fsdp-modes", default=",".join(FSDP_MODES), help="part 3, FSDP2, batch 64")
     p.add_argument("--cases", default=",".join(CASES), help="part 5's cases")
     p.add_argument("--case", choices=[*CASES, "attach-script"], help="(one case of part 5)")
     p.add_argument("--result", type=Path, help="(where a case writes its JSON)")
@@ -1087,6 +1133,7 @@ def main() -> None:
         return
     if a.overhead is not None:
         loops = {"launch": names(a.launch_modes), "gpu": names(a.gpu_modes)}
+        loops["fsdp"] = names(a.fsdp_modes)
         found = part_three(a.trace, 30, a.rounds, a.width, a.layers, loops)
         a.overhead.write_text(json.dumps(found))
         return
