@@ -157,8 +157,9 @@ class CommRecorder:
         self._native: Any = None  # ddp_buckets.NativeBuckets, where the native kernel records
         self._native_slots: dict[str, int] = {}  # group name -> its counter in native memory
         self._gpu_events: dict[int, Any] = {}  # token -> the CUDA event where the call began
-        self.nccl_timed: set[Any] = set()  # groups whose DDP buckets NCCL times (launched())
-        self._nccl_works: dict[int, Any] = {}  # token -> the Work of a bucket NCCL times
+        self._nccl_groups: dict[Any, bool] = {}  # group -> whether NCCL times its operations
+        # token -> the Work of an operation NCCL times (None until the call has returned it)
+        self._nccl_works: dict[int, Any] = {}
 
     # -- installation
 
@@ -342,8 +343,22 @@ class CommRecorder:
         )
         timer = self.prof.gpu_timer
         if timer is not None and _on_cuda(payload):
+            timer.settle()
             self._gpu_events[token] = timer.mark()
+            if async_op and call.peer is None and self.nccl_times(group):
+                self._nccl_works[token] = None  # its end: NCCL's own timing, from its Work
         return token
+
+    def nccl_times(self, group: Any) -> bool:
+        """Whether NCCL's own timing ends ``group``'s operations on CUDA tensors, turned on at
+        the group's first sight where its CUDA backend is NCCL (gpu_timing.use_nccl_timing).
+        Only collectives: a point-to-point operation runs on a stream of its own per peer."""
+        if group is None:
+            group = self._default_group or c10d._get_default_group()
+        on = self._nccl_groups.get(group)
+        if on is None:
+            on = self._nccl_groups[group] = gpu_timing.use_nccl_timing(group)
+        return on
 
     def _exit(self, token: int, call: _Call, result: Any) -> Any:
         record = self.inflight.get(token)
@@ -360,6 +375,8 @@ class CommRecorder:
             except RuntimeError:
                 self._no_future.add(call.op)
             else:
+                if token in self._nccl_works:
+                    self._nccl_works[token] = result
                 future.then(partial(self._on_future, token))
                 return result
         return _timed_work_class()(result, partial(self._complete, token))
@@ -428,7 +445,7 @@ class CommRecorder:
             if timer is not None:  # the current stream, just after the launch made the
                 # communication wait for it: where the bucket's gradients are ready
                 self._gpu_events[token] = timer.mark()
-                if group in self.nccl_timed:
+                if self._nccl_groups.get(group):
                     self._nccl_works[token] = work
         else:
             waiter = self._waiter
@@ -460,10 +477,12 @@ class CommRecorder:
         # the process group's own allreduce: what dist.all_reduce ends in, minus its checks
         self._api_depth(1)
         try:
-            future = group.allreduce([tensor]).get_future()
+            work = group.allreduce([tensor])
         finally:
             self._api_depth(0)
-        return future.then(partial(self._bucket_done, token))
+        if token in self._nccl_works:
+            self._nccl_works[token] = work
+        return work.get_future().then(partial(self._bucket_done, token))
 
     def _bucket_done(self, token: int | None, future: Any) -> torch.Tensor:
         try:

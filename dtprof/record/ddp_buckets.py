@@ -37,7 +37,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from dtprof.record import comms
-from dtprof.record.gpu_timing import ANCHOR_EVERY_S, use_nccl_timing
+from dtprof.record.gpu_timing import ANCHOR_EVERY_S
 
 if TYPE_CHECKING:
     from dtprof.record.comms import CommRecorder
@@ -77,8 +77,8 @@ class BucketWatch:
                 raise
             self._lib = lib
         self._groups.setdefault(group, [-2, 0])
-        if self.recorder.prof.gpu_timer is not None and on_cuda(model) and use_nccl_timing(group):
-            self.recorder.nccl_timed.add(group)
+        if self.recorder.prof.gpu_timer is not None and on_cuda(model):
+            self.recorder.nccl_times(group)  # before its first bucket
 
     def uninstall(self) -> None:
         self.enabled = False

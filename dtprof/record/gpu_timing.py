@@ -26,9 +26,10 @@ Collectives: the start event is recorded where the call is made (the communicati
 waits for the current stream there): the operation's arrival on the GPU. The end event is
 recorded where the call returns for a synchronous one (the current stream then waits for the
 communication), or in the callback of its future (run on a stream made to wait for the
-operation's own end events): the GPU's transfer, not its launch. DDP's buckets on NCCL are the
-exception (:class:`NcclEnd`): an event in that callback holds the GPU up, about 1% of a
-GPU-bound step (docs/gpu.md), so their end comes from NCCL's own timing.
+operation's own end events): the GPU's transfer, not its launch. Asynchronous collectives on
+NCCL (DDP's buckets, ``async_op=True`` calls; not point-to-point ones) are the exception
+(:class:`NcclEnd`): an event in that callback holds the GPU up, about 1% of a GPU-bound step
+with DDP's buckets (docs/gpu.md), so their end comes from NCCL's own timing.
 """
 
 from __future__ import annotations
@@ -114,30 +115,45 @@ def use_nccl_timing(group: Any) -> bool:
 
 
 class NcclEnd:
-    """The GPU end of an operation that NCCL times (``use_nccl_timing``), in place of an end
+    """The GPU end of a collective that NCCL times (``use_nccl_timing``), in place of an end
     event: NCCL records timing events around the operation on its own stream, and its Work
-    gives their interval once complete. A group's operations run one after another on that
+    gives their interval once complete. A group's collectives run one after another on that
     stream, so each starts at its arrival (the start event) or at the end of the group's
     previous one (``chain``, shared by the group's NcclEnds), whichever is later.
 
-    It holds the Work, and with it the operation's tensors, until the writer reads it: for
-    DDP's buckets, which DDP keeps anyway."""
+    The Work holds the operation's tensors, so it is let go as soon as the operation is seen
+    complete (``settle``): by the writer, or by the training thread at its next collective on
+    CUDA (``GpuTimer.settle``)."""
 
     def __init__(self, work: Any, chain: list[int]) -> None:
-        self.work = work
+        self.work: Any = work
         self.chain = chain
+        self.duration_ns: int | None = None  # NCCL's, once settled (None: it cannot say)
+
+    def settle(self) -> bool:
+        """Whether the operation is complete; the first time it is, NCCL's duration is read
+        and the Work let go. (Two threads may both read it: the same value.)"""
+        work = self.work
+        if work is None:
+            return True
+        if not work.is_completed():
+            return False
+        try:
+            self.duration_ns = round(work._get_duration() * 1e6)
+        except (RuntimeError, AttributeError):  # the operation failed
+            self.duration_ns = None
+        self.work = None
+        return True
 
     def query(self) -> bool:
-        return bool(self.work.is_completed())
+        return self.settle()
 
     def end_ns(self, gpu_start: int) -> int | None:
-        """The GPU end on the host's clock, given the GPU arrival; None where NCCL cannot say
-        (the operation failed)."""
-        try:
-            duration_ns = round(self.work._get_duration() * 1e6)
-        except (RuntimeError, AttributeError):
+        """The GPU end on the host's clock, given the GPU arrival (once settled); None where
+        NCCL cannot say (the operation failed)."""
+        if self.duration_ns is None:
             return None
-        self.chain[0] = max(gpu_start, self.chain[0]) + duration_ns
+        self.chain[0] = max(gpu_start, self.chain[0]) + self.duration_ns
         return self.chain[0]
 
 
@@ -158,6 +174,7 @@ class GpuTimer:
         self._free: list[torch.cuda.Event] = []
         self._pending: collections.deque[tuple[Any, ...]] = collections.deque()
         self._nccl_chains: dict[Any, list[int]] = {}  # group -> its last NCCL-timed GPU end
+        self._unsettled: collections.deque[NcclEnd] = collections.deque()  # launch order
         self._anchor_host: list[int] = []  # host ns of each anchor, ascending
         self._anchor_event: list[torch.cuda.Event] = []
         self._side = torch.cuda.Stream()
@@ -219,6 +236,7 @@ class GpuTimer:
         end: torch.cuda.Event | NcclEnd | None
         if work is not None:
             end = NcclEnd(work, self._nccl_chains.setdefault(head[3], [0]))
+            self._unsettled.append(end)
         else:
             end = self.mark()
         if end is None:
@@ -226,6 +244,16 @@ class GpuTimer:
             return False
         self._pending.append((start, end, head, host_start, host_end, done))
         return True
+
+    def settle(self) -> None:
+        """Let go of the Works of the NCCL-timed operations that are complete, oldest first
+        (called at each collective on CUDA, so none is held much past its end)."""
+        unsettled = self._unsettled
+        try:
+            while unsettled and unsettled[0].settle():
+                unsettled.popleft()
+        except IndexError:  # another thread took the last one
+            pass
 
     def release(self, start: torch.cuda.Event | None) -> None:
         """An interval that will not be closed (its operation failed)."""

@@ -316,7 +316,7 @@ def test_a_bucket_of_a_group_nccl_times_is_closed_by_nccls_end_not_an_event(time
     group, work = object(), _Work(3.0)
     future = SimpleNamespace(add_done_callback=lambda callback: callback(future), value=lambda: 0)
     work.get_future = lambda: future  # type: ignore[attr-defined]
-    recorder.nccl_timed.add(group)
+    recorder._nccl_groups[group] = True  # as BucketWatch.watch() turns it on
     tensor = torch.ones(4).as_subclass(_OnCuda)
     recorder.launched(group, [tensor], gpu_timing.now_ns(), "ddp.bucket0", work)
     start, end = timer._pending[0][:2]
@@ -327,3 +327,76 @@ def test_a_bucket_of_a_group_nccl_times_is_closed_by_nccls_end_not_an_event(time
     assert recorder.inflight_snapshot() == []
     (row,) = timer.out
     assert row[:5] == (2, "all_reduce", "collective", "0", 0) and row[8] - row[7] == 3_000_000
+
+
+def _api_recorder(timer: gpu_timing.GpuTimer, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A recorder whose groups all have NCCL for CUDA tensors (each turned on once: ``on``)."""
+    from dtprof.record import comms
+
+    monkeypatch.setattr(comms, "_on_cuda", lambda payload: True)
+    turned_on: list[Any] = []
+    monkeypatch.setattr(gpu_timing, "use_nccl_timing", lambda group: turned_on.append(group) or 1)
+    prof = timer.prof
+    prof.rank, prof.collectives, prof.step_index, prof.gpu_timer = 0, deque(), 5, timer
+    recorder = comms.CommRecorder(prof)  # type: ignore[arg-type]
+    recorder.group_name = lambda group: "g"  # type: ignore[method-assign]
+    recorder.turned_on = turned_on
+    return recorder
+
+
+def _async_call(recorder: Any, group: Any, work: _Work, op: str = "all_reduce") -> int:
+    """An asynchronous call through the wrapped API that returns ``work``."""
+    from dtprof.record import comms
+
+    def api(tensor, group=None, async_op=False, dst=None):  # type: ignore[no-untyped-def]
+        return None
+
+    peer = "dst" if op == "isend" else None
+    call = comms._Call(api, op, "tensor", peer)
+    kwargs: dict[str, Any] = {"group": group, "async_op": True}
+    if peer:
+        kwargs["dst"] = 1
+    token = recorder._enter(call, (torch.ones(4),), kwargs)
+    future = SimpleNamespace(then=lambda callback: callback(future), value=lambda: None)
+    work.get_future = lambda: future  # type: ignore[attr-defined]
+    recorder._exit(token, call, work)
+    return token
+
+
+def test_an_asynchronous_collective_on_nccl_ends_by_nccls_timing_and_lets_its_work_go(
+    timer, monkeypatch
+) -> None:
+    """Its Work holds its tensors: it is let go at the next collective once complete, before
+    the writer has read the interval."""
+    recorder = _api_recorder(timer, monkeypatch)
+    group, first_work = object(), _Work(2.0)
+    _async_call(recorder, group, first_work)
+    start, end = timer._pending[0][:2]
+    assert isinstance(end, gpu_timing.NcclEnd) and end.work is first_work
+    first_work.done = True
+    _async_call(recorder, group, _Work(1.0))  # the next collective on CUDA
+    assert end.work is None and end.duration_ns == 2_000_000  # let go, duration kept
+    start.done = True
+    timer.drain()
+    (row,) = [r for r in timer.out if r[4] == 0]
+    assert row[8] - row[7] == 2_000_000
+    assert recorder.turned_on == [group]  # turned on once per group
+
+
+def test_point_to_point_and_synchronous_calls_keep_their_end_events(timer, monkeypatch) -> None:
+    """A peer's operations run on a stream of their own, so NCCL's timing would not chain;
+    a synchronous call's end event is on the stream that waited for it anyway."""
+    from dtprof.record import comms
+
+    recorder = _api_recorder(timer, monkeypatch)
+    _async_call(recorder, object(), _Work(1.0), op="isend")
+
+    def all_reduce(tensor, group=None, async_op=False):  # type: ignore[no-untyped-def]
+        return None
+
+    call = comms._Call(all_reduce, "all_reduce", "tensor", None)
+    token = recorder._enter(call, (torch.ones(4),), {"group": object()})
+    recorder._exit(token, call, None)
+    ends = [item[1] for item in timer._pending]
+    assert len(ends) == 2 and not any(isinstance(e, gpu_timing.NcclEnd) for e in ends)
+    assert recorder.turned_on == [] and not recorder._nccl_works
