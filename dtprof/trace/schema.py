@@ -55,8 +55,9 @@ class Table:
     doc: str
     columns: tuple[Column, ...]
 
-    @property
+    @functools.cached_property
     def schema(self) -> pa.Schema:
+        """Made once (the writer asks for it at every flush of every table)."""
         return pa.schema([pa.field(c.name, c.type) for c in self.columns])
 
     @functools.cached_property
