@@ -286,6 +286,7 @@ class GpuTimer:
     def abandon(self) -> None:
         """Timing has failed: what waits for the GPU is let go untimed, and the operations among
         it leave flight (the host saw them complete; nothing will say when the GPU did)."""
+        self._unsettled.clear()  # the Works NCCL times, and the tensors they hold
         while True:
             try:
                 item = self._pending.popleft()
