@@ -1,0 +1,117 @@
+"""What dtprof's writer thread costs while a job trains: its CPU time per second of recording.
+
+    python benchmarks/writer_cost.py [--seconds 20] [--step-ms 6,30] [--flush-s 0.5]
+
+The writer works per interval, not per step: every ``flush_interval_s`` it ticks (drains the
+native kernel's records, the GPU's times, the samplers, the hang watchdog, inflight.json) and
+flushes the rows gathered since. So it costs a share of a core whatever the step's length, and
+per step it grows with the step; step_cost.py, which charges one flush to 1,000 tiny steps,
+does not show that. Here a one-rank gloo DDP job (overhead.py's model: an MLP of 4 layers of
+512, batch 64), padded with a sleep to each ``--step-ms``, records for ``--seconds`` under
+``profile()`` with its defaults and every ``--flush-s``; the writer thread's own CPU time
+(``time.thread_time()`` inside it, its start-up and the final seal excluded) is divided by the
+recording's wall time. Each combination runs once, in this one process, in the order given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import dtprof
+from dtprof.record.writer import TraceWriter
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def measure(
+    model: DDP, opt: torch.optim.Optimizer, step_ms: float, seconds: float, flush_s: float
+) -> dict[str, Any]:
+    """Record for ``seconds``, each step padded to ``step_ms``; the writer's CPU time."""
+    used: dict[str, float] = {}
+    run = TraceWriter._run
+
+    def timed_run(self: TraceWriter) -> None:
+        start = time.thread_time()
+        try:
+            run(self)
+        finally:
+            used["cpu_s"] = time.thread_time() - start
+
+    TraceWriter._run = timed_run  # type: ignore[method-assign]
+    x = torch.randn(64, 512)
+    steps = 0
+    try:
+        with tempfile.TemporaryDirectory() as folder:
+            options: dict[str, Any] = {
+                "model": model,
+                "optimizer": opt,
+                "flush_interval_s": flush_s,
+            }
+            with dtprof.profile(Path(folder), **options) as prof:
+                t0 = time.perf_counter()
+                while time.perf_counter() - t0 < seconds:
+                    began = time.perf_counter()
+                    loss = model(x).square().mean()
+                    loss.backward()
+                    opt.step()
+                    opt.zero_grad()
+                    prof.log(loss=loss.detach())
+                    prof.step()
+                    steps += 1
+                    time.sleep(max(0.0, step_ms / 1e3 - (time.perf_counter() - began)))
+                wall = time.perf_counter() - t0
+    finally:
+        TraceWriter._run = run  # type: ignore[method-assign]
+    cpu_ms_per_s = used["cpu_s"] * 1e3 / wall
+    return {
+        "step_ms": wall / steps * 1e3,
+        "steps": steps,
+        "cpu_ms_per_s": cpu_ms_per_s,
+        "core_pct": cpu_ms_per_s / 10,
+        "us_per_step": used["cpu_s"] * 1e6 / steps,
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seconds", type=float, default=20.0)
+    p.add_argument("--step-ms", default="6,30", help="step lengths to pad to, comma-separated")
+    p.add_argument("--flush-s", default="0.5", help="flush intervals, comma-separated")
+    a = p.parse_args()
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    torch.manual_seed(0)
+    model = DDP(nn.Sequential(*[nn.Linear(512, 512) for _ in range(4)]))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    print(f"load {os.getloadavg()[0]:.1f}; {a.seconds:.0f} s each", flush=True)
+    print(f"{'flush s':>8}{'step ms':>9}{'steps':>7}{'CPU ms/s':>10}", end="")
+    print(f"{'of a core':>11}{'µs/step':>9}")
+    for flush_s in (float(f) for f in a.flush_s.split(",")):
+        for step_ms in (float(s) for s in a.step_ms.split(",")):
+            r = measure(model, opt, step_ms, a.seconds, flush_s)
+            print(
+                f"{flush_s:>8.1f}{r['step_ms']:>9.2f}{r['steps']:>7}{r['cpu_ms_per_s']:>10.2f}"
+                f"{r['core_pct']:>10.2f}%{r['us_per_step']:>9.1f}",
+                flush=True,
+            )
+    print(f"load {os.getloadavg()[0]:.1f}")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
