@@ -403,8 +403,8 @@ class CommRecorder:
 
     def _gpu_end(self, token: int, record: tuple[Any, ...], end: int, error: bool) -> None:
         """The GPU end of a CUDA operation: an event on the current stream, which waits for the
-        operation (a synchronous call has returned, or its future's callback runs), or for a
-        DDP bucket that NCCL times, NCCL's own end (gpu_timing.NcclEnd). Until the
+        operation (a synchronous call has returned, or its future's callback runs), or for an
+        asynchronous collective that NCCL times, NCCL's own end (gpu_timing.NcclEnd). Until the
         GPU has passed it, the operation stays in flight: on NCCL the host is done at once,
         and a collective that hangs hangs on the GPU, where the hang watchdog and inflight.json
         must see it."""

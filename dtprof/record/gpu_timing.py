@@ -39,6 +39,7 @@ import collections
 import contextlib
 import ctypes
 import functools
+import itertools
 import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -114,20 +115,31 @@ def use_nccl_timing(group: Any) -> bool:
     return True
 
 
+class NcclChain:
+    """One group's collectives that NCCL times, in launch order: the order NCCL runs them in,
+    one after another on the group's stream."""
+
+    def __init__(self) -> None:
+        self.numbers = itertools.count()  # given at launch (next() is atomic)
+        self.next = 0  # the number of the next one to be written (by the writer thread)
+        self.last_end = 0  # the GPU end of the last one written, on the host's clock
+
+
 class NcclEnd:
     """The GPU end of a collective that NCCL times (``use_nccl_timing``), in place of an end
     event: NCCL records timing events around the operation on its own stream, and its Work
     gives their interval once complete. A group's collectives run one after another on that
     stream, so each starts at its arrival (the start event) or at the end of the group's
-    previous one (``chain``, shared by the group's NcclEnds), whichever is later.
+    previous one (``chain``), whichever is later; the writer reads them in launch order.
 
     The Work holds the operation's tensors, so it is let go as soon as the operation is seen
     complete (``settle``): by the writer, or by the training thread at its next collective on
     CUDA (``GpuTimer.settle``)."""
 
-    def __init__(self, work: Any, chain: list[int]) -> None:
+    def __init__(self, work: Any, chain: NcclChain) -> None:
         self.work: Any = work
         self.chain = chain
+        self.number = next(chain.numbers)
         self.duration_ns: int | None = None  # NCCL's, once settled (None: it cannot say)
 
     def settle(self) -> bool:
@@ -149,12 +161,15 @@ class NcclEnd:
         return self.settle()
 
     def end_ns(self, gpu_start: int) -> int | None:
-        """The GPU end on the host's clock, given the GPU arrival (once settled); None where
-        NCCL cannot say (the operation failed)."""
+        """The GPU end on the host's clock, given the GPU arrival (once settled, and once the
+        chain's earlier ones are written); None where NCCL cannot say (the operation failed).
+        The chain moves on to the next one."""
+        chain = self.chain
+        chain.next = self.number + 1
         if self.duration_ns is None:
             return None
-        self.chain[0] = max(gpu_start, self.chain[0]) + self.duration_ns
-        return self.chain[0]
+        chain.last_end = max(gpu_start, chain.last_end) + self.duration_ns
+        return chain.last_end
 
 
 def wanted(prof: Profiler, model: Any) -> str | None:
@@ -173,7 +188,7 @@ class GpuTimer:
         self.out = prof.gpu_spans
         self._free: list[torch.cuda.Event] = []
         self._pending: collections.deque[tuple[Any, ...]] = collections.deque()
-        self._nccl_chains: dict[Any, list[int]] = {}  # group -> its last NCCL-timed GPU end
+        self._nccl_chains: dict[Any, NcclChain] = {}  # group name -> its NCCL-timed collectives
         self._unsettled: collections.deque[NcclEnd] = collections.deque()  # launch order
         self._anchor_host: list[int] = []  # host ns of each anchor, ascending
         self._anchor_event: list[torch.cuda.Event] = []
@@ -235,7 +250,10 @@ class GpuTimer:
             return False
         end: torch.cuda.Event | NcclEnd | None
         if work is not None:
-            end = NcclEnd(work, self._nccl_chains.setdefault(head[3], [0]))
+            chain = self._nccl_chains.get(head[3])
+            if chain is None:
+                chain = self._nccl_chains.setdefault(head[3], NcclChain())
+            end = NcclEnd(work, chain)
             self._unsettled.append(end)
         else:
             end = self.mark()
@@ -267,18 +285,15 @@ class GpuTimer:
         if now_ns() - self._anchor_host[-1] > ANCHOR_EVERY_S * 1e9:
             self._anchor()
         pending = self._pending
-        waiting: set[int] = set()  # chains whose earlier operation the GPU has not passed
         for _ in range(len(pending)):  # those appended meanwhile wait for the next drain
             try:
                 item = pending.popleft()
             except IndexError:  # the writer's tick and close() at exit both drained it
                 break
             start, end = item[0], item[1]
-            chain = id(end.chain) if isinstance(end, NcclEnd) else None
-            if chain in waiting or not (end.query() and start.query()):
+            later = isinstance(end, NcclEnd) and end.number != end.chain.next
+            if later or not (end.query() and start.query()):
                 pending.append(item)  # (a group's NCCL-timed ones are read in launch order)
-                if chain is not None:
-                    waiting.add(chain)
                 continue
             self._write(*item)
         self.prof.note_meta(gpu_timing=self.status())

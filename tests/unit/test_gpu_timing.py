@@ -270,6 +270,23 @@ def test_a_later_bucket_is_not_read_before_an_earlier_one_of_its_group(timer) ->
     assert called == [0, 1]
 
 
+def test_a_group_is_read_in_launch_order_even_where_its_queue_is_not(timer) -> None:
+    """The writer puts back what is not ready while the training thread appends: the queue's
+    order can differ from the launch order, the chain's may not."""
+    called: list[int] = []
+    works = [_Work(4.0), _Work(1.0)]
+    starts = [_bucket(timer, seq, work, called) for seq, work in enumerate(works)]
+    timer._pending.reverse()  # the later one first
+    for start, work in zip(starts, works, strict=True):
+        start.done = work.done = True
+    timer.drain()
+    assert called == [0]  # the later one waited for the earlier one to be written
+    timer.drain()
+    assert called == [0, 1]
+    (a, b) = sorted(timer.out, key=lambda row: row[4])
+    assert b[8] == max(b[7], a[8]) + 1_000_000
+
+
 def test_a_bucket_whose_operation_failed_leaves_flight_untimed(timer) -> None:
     called: list[int] = []
     work = _Work(None)
