@@ -949,6 +949,9 @@ CASES = {
     "attach": attach,
     "no-gpu-timing": no_gpu_timing,
 }
+# part 5's cases by default: dtprof's own; the controls (no dtprof, the writer unguarded) are
+# for telling a failure's cause apart, and run when named
+DEFAULT_CASES = ["capture-race-dtprof", "capture-ddp-dtprof", "attach", "no-gpu-timing"]
 
 
 def part_five(work: Path, cases: list[str]) -> dict[str, Any]:
@@ -1119,7 +1122,7 @@ def main() -> None:
     p.add_argument("--launch-modes", default=",".join(LAUNCH_BOUND_MODES), help="part 3, batch 8")
     p.add_argument("--gpu-modes", default=",".join(GPU_BOUND_MODES), help="part 3, batch 64")
     p.add_argument("--fsdp-modes", default=",".join(FSDP_MODES), help="part 3, FSDP2, batch 64")
-    p.add_argument("--cases", default=",".join(CASES), help="part 5's cases")
+    p.add_argument("--cases", default=",".join(DEFAULT_CASES), help="part 5's cases")
     p.add_argument("--case", choices=[*CASES, "attach-script"], help="(one case of part 5)")
     p.add_argument("--result", type=Path, help="(where a case writes its JSON)")
     a = p.parse_args()
