@@ -419,3 +419,20 @@ def test_point_to_point_and_synchronous_calls_keep_their_end_events(timer, monke
     ends = [item[1] for item in timer._pending]
     assert len(ends) == 2 and not any(isinstance(e, gpu_timing.NcclEnd) for e in ends)
     assert recorder.turned_on == [] and not recorder._nccl_works
+
+
+def test_a_work_that_cannot_say_whether_it_is_complete_is_let_go_untimed(timer) -> None:
+    """Raised by NCCL on the training thread's settle(): training and recording go on."""
+    called: list[int] = []
+    work = _Work(1.0)
+
+    def broken() -> bool:
+        raise RuntimeError("NCCL communicator was aborted")
+
+    work.is_completed = broken  # type: ignore[method-assign]
+    start = _bucket(timer, 0, work, called)
+    timer.settle()
+    assert not timer._unsettled
+    start.done = True
+    timer.drain()
+    assert called == [0] and not timer.out and not timer.prof.failed

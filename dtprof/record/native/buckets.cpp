@@ -429,6 +429,15 @@ const Anchor& anchor_for(int64_t start_ns) {
   return *at;
 }
 
+// Whether NCCL is done with a record's operation (where it cannot say: done, and not timed).
+bool nccl_done(const Timed& events) {
+  try {
+    return events.work->isCompleted();
+  } catch (const std::exception&) {
+    return true;
+  }
+}
+
 // Under mu: the GPU's start and end of `rec`, timed by NCCL, into the record; false where
 // NCCL's timing cannot say (the operation failed). The group's last end moves on.
 bool nccl_times(Record& rec, const Anchor& at, Timed& events) {
@@ -454,8 +463,8 @@ void finish_timed() {
     auto it = inflight.find(t->first);
     if (events.work && it != inflight.end()) {
       Record& rec = it->second;
-      const bool ready = !waiting[rec.slot] && rec.end_ns >= 0 && events.work->isCompleted() &&
-                         events.start->query();
+      const bool ready =
+          !waiting[rec.slot] && rec.end_ns >= 0 && nccl_done(events) && events.start->query();
       if (!ready) {
         waiting[rec.slot] = true;
         ++t;
