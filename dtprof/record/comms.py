@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from dtprof.record import gpu_timing
+from dtprof.record import gpu_timing, nccl_timing
 from dtprof.trace.meta import InflightOp
 
 if TYPE_CHECKING:
@@ -351,13 +351,13 @@ class CommRecorder:
 
     def nccl_times(self, group: Any) -> bool:
         """Whether NCCL's own timing ends ``group``'s operations on CUDA tensors, turned on at
-        the group's first sight where its CUDA backend is NCCL (gpu_timing.use_nccl_timing).
+        the group's first sight where its CUDA backend is NCCL (nccl_timing.use_nccl_timing).
         Only collectives: a point-to-point operation runs on a stream of its own per peer."""
         if group is None:
             group = self._default_group or c10d._get_default_group()
         on = self._nccl_groups.get(group)
         if on is None:
-            on = self._nccl_groups[group] = gpu_timing.use_nccl_timing(group)
+            on = self._nccl_groups[group] = nccl_timing.use_nccl_timing(group)
         return on
 
     def _exit(self, token: int, call: _Call, result: Any) -> Any:
@@ -404,7 +404,7 @@ class CommRecorder:
     def _gpu_end(self, token: int, record: tuple[Any, ...], end: int, error: bool) -> None:
         """The GPU end of a CUDA operation: an event on the current stream, which waits for the
         operation (a synchronous call has returned, or its future's callback runs), or for an
-        asynchronous collective that NCCL times, NCCL's own end (gpu_timing.NcclEnd). Until the
+        asynchronous collective that NCCL times, NCCL's own end (nccl_timing.NcclEnd). Until the
         GPU has passed it, the operation stays in flight: on NCCL the host is done at once,
         and a collective that hangs hangs on the GPU, where the hang watchdog and inflight.json
         must see it."""

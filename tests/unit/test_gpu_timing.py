@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-from dtprof.record import gpu_timing
+from dtprof.record import gpu_timing, nccl_timing
 
 LAG_NS = 3_000_000
 
@@ -309,9 +309,9 @@ def test_nccl_timing_is_turned_on_only_for_a_group_whose_cuda_backend_is_nccl() 
     def no_cuda_backend(device: torch.device) -> Any:
         raise RuntimeError("No backend type associated with device type cuda")
 
-    assert gpu_timing.use_nccl_timing(group("nccl"))
-    assert not gpu_timing.use_nccl_timing(group("gloo"))
-    assert not gpu_timing.use_nccl_timing(SimpleNamespace(_get_backend=no_cuda_backend))
+    assert nccl_timing.use_nccl_timing(group("nccl"))
+    assert not nccl_timing.use_nccl_timing(group("gloo"))
+    assert not nccl_timing.use_nccl_timing(SimpleNamespace(_get_backend=no_cuda_backend))
     assert turned_on == ["nccl"]
 
 
@@ -337,7 +337,7 @@ def test_a_bucket_of_a_group_nccl_times_is_closed_by_nccls_end_not_an_event(time
     tensor = torch.ones(4).as_subclass(_OnCuda)
     recorder.launched(group, [tensor], gpu_timing.now_ns(), "ddp.bucket0", work)
     start, end = timer._pending[0][:2]
-    assert isinstance(end, gpu_timing.NcclEnd) and end.work is work
+    assert isinstance(end, nccl_timing.NcclEnd) and end.work is work
     assert [op.label for op in recorder.inflight_snapshot()] == ["ddp.bucket0"]
     start.done = work.done = True
     timer.drain()
@@ -352,7 +352,7 @@ def _api_recorder(timer: gpu_timing.GpuTimer, monkeypatch: pytest.MonkeyPatch) -
 
     monkeypatch.setattr(comms, "_on_cuda", lambda payload: True)
     turned_on: list[Any] = []
-    monkeypatch.setattr(gpu_timing, "use_nccl_timing", lambda group: turned_on.append(group) or 1)
+    monkeypatch.setattr(nccl_timing, "use_nccl_timing", lambda group: turned_on.append(group) or 1)
     prof = timer.prof
     prof.rank, prof.collectives, prof.step_index, prof.gpu_timer = 0, deque(), 5, timer
     recorder = comms.CommRecorder(prof)  # type: ignore[arg-type]
@@ -389,7 +389,7 @@ def test_an_asynchronous_collective_on_nccl_ends_by_nccls_timing_and_lets_its_wo
     group, first_work = object(), _Work(2.0)
     _async_call(recorder, group, first_work)
     start, end = timer._pending[0][:2]
-    assert isinstance(end, gpu_timing.NcclEnd) and end.work is first_work
+    assert isinstance(end, nccl_timing.NcclEnd) and end.work is first_work
     first_work.done = True
     _async_call(recorder, group, _Work(1.0))  # the next collective on CUDA
     assert end.work is None and end.duration_ns == 2_000_000  # let go, duration kept
@@ -417,7 +417,7 @@ def test_point_to_point_and_synchronous_calls_keep_their_end_events(timer, monke
     token = recorder._enter(call, (torch.ones(4),), {"group": object()})
     recorder._exit(token, call, None)
     ends = [item[1] for item in timer._pending]
-    assert len(ends) == 2 and not any(isinstance(e, gpu_timing.NcclEnd) for e in ends)
+    assert len(ends) == 2 and not any(isinstance(e, nccl_timing.NcclEnd) for e in ends)
     assert recorder.turned_on == [] and not recorder._nccl_works
 
 
