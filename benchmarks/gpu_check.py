@@ -159,15 +159,23 @@ def gpu_figures(t: dict[str, Any], key: Any = None) -> dict[str, Any]:
     }
 
 
+def ddp_bucket_test(t: dict[str, Any]) -> Any:
+    """Whether a ``gpu_spans`` row of ``t`` times one of DDP's buckets (by the label of the
+    collective it times)."""
+    labels = {(r["group"], r["seq"]): r["label"] or "" for r in t["collectives"]}
+    return lambda r: (
+        r["kind"] == "collective" and labels.get((r["group"], r["seq"]), "").startswith("ddp.")
+    )
+
+
 def bucket_figures(t: dict[str, Any]) -> dict[str, Any]:
     """gpu_figures() of the collectives, DDP's buckets apart from the Python API's calls."""
-    labels = {(r["group"], r["seq"]): r["label"] or "" for r in t["collectives"]}
+    is_bucket = ddp_bucket_test(t)
 
     def key(r: dict[str, Any]) -> str | None:
         if r["kind"] != "collective":
             return None
-        ddp = labels.get((r["group"], r["seq"]), "").startswith("ddp.")
-        return "collective:ddp buckets" if ddp else "collective:python api"
+        return "collective:ddp buckets" if is_bucket(r) else "collective:python api"
 
     return gpu_figures(t, key)
 
@@ -177,11 +185,11 @@ def buckets_before_optimizer(t: dict[str, Any]) -> dict[str, Any]:
     stream wait for every bucket before the optimizer's step, so in each step the last
     bucket's GPU end comes before the optimizer's GPU start (to within the anchor's bound).
     Also: the buckets of a step, in launch order, never overlap on the GPU (one NCCL stream)."""
-    labels = {(r["group"], r["seq"]): r["label"] or "" for r in t["collectives"]}
+    is_bucket = ddp_bucket_test(t)
     buckets: dict[int, list[tuple[int, int, int]]] = {}
     optimizer: dict[int, int] = {}
     for r in t["gpu_spans"]:
-        if r["kind"] == "collective" and labels.get((r["group"], r["seq"]), "").startswith("ddp."):
+        if is_bucket(r):
             buckets.setdefault(r["step"], []).append((r["seq"], r["gpu_start_ns"], r["gpu_end_ns"]))
         elif r["kind"] == "phase" and r["name"] == "optimizer":
             optimizer[r["step"]] = r["gpu_start_ns"]
