@@ -46,7 +46,6 @@ import itertools
 import json
 import os
 import random
-import socket
 import statistics
 import subprocess
 import sys
@@ -63,6 +62,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import dtprof
 import dtprof.record.gpu
 import dtprof.record.phases
+from dtprof.jobs.launch import free_port
 from dtprof.trace.reader import read_rank_meta, read_table
 from dtprof.trace.schema import TABLES
 
@@ -120,12 +120,6 @@ def sleep_cycles(ms: float) -> int:
     end.record()
     torch.cuda.synchronize()
     return int(cycles * ms / start.elapsed_time(end))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def median(xs: list[float]) -> float | None:

@@ -6,18 +6,18 @@ The writer works per interval, not per step: every ``flush_interval_s`` it ticks
 native kernel's records, the GPU's times, the samplers, the hang watchdog, inflight.json) and
 flushes the rows gathered since. So it costs a share of a core whatever the step's length, and
 per step it grows with the step; step_cost.py, which charges one flush to 1,000 tiny steps,
-does not show that. Here a one-rank gloo DDP job (overhead.py's model: an MLP of 4 layers of
-512, batch 64), padded with a sleep to each ``--step-ms``, records for ``--seconds`` under
-``profile()`` with its defaults and every ``--flush-s``; the writer thread's own CPU time
-(``time.thread_time()`` inside it, its start-up and the final seal excluded) is divided by the
-recording's wall time. Each combination runs once, in this one process, in the order given.
+does not show that. Here a one-rank gloo DDP job (an MLP of 4 linear layers of 512, batch
+64, the size of overhead.py's), padded with a sleep to each ``--step-ms``, records for
+``--seconds`` under ``profile()`` with its defaults and every ``--flush-s``; the writer
+thread's own CPU time (``time.thread_time()`` inside it, its start-up and the final seal
+excluded) is divided by the recording's wall time. Each combination runs once, in this one
+process, in the order given.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import socket
 import tempfile
 import time
 from pathlib import Path
@@ -29,13 +29,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import dtprof
+from dtprof.jobs.launch import free_port
 from dtprof.record.writer import TraceWriter
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def measure(
