@@ -162,15 +162,24 @@ def test_done_is_called_once_the_gpu_has_passed_and_on_abandon_for_the_rest(time
     assert called == ["passed", "waiting"] and not timer._pending and len(timer.out) == 1
 
 
+def _recorder(timer: gpu_timing.GpuTimer, step: int) -> Any:
+    """A collectives recorder on the timer's stand-in profile at ``step``, one group, "0"."""
+    from dtprof.record import comms
+
+    prof = timer.prof
+    prof.rank, prof.collectives, prof.step_index, prof.gpu_timer = 0, deque(), step, timer
+    recorder = comms.CommRecorder(prof)  # type: ignore[arg-type]
+    recorder.group_name = lambda group: "0"  # type: ignore[method-assign]
+    return recorder
+
+
 def test_a_cuda_collective_stays_in_flight_until_the_gpu_has_passed_it(timer, monkeypatch) -> None:
     """On NCCL the host is done with a collective at once; a hang is on the GPU."""
     from dtprof.record import comms
 
     monkeypatch.setattr(comms, "_on_cuda", lambda payload: True)
+    recorder = _recorder(timer, 3)
     prof = timer.prof
-    prof.rank, prof.collectives, prof.step_index, prof.gpu_timer = 0, deque(), 3, timer
-    recorder = comms.CommRecorder(prof)  # type: ignore[arg-type]
-    recorder.group_name = lambda group: "0"  # type: ignore[method-assign]
     call = comms._Call(
         lambda tensor, group=None, async_op=False: None, "all_reduce", "tensor", None
     )
@@ -324,12 +333,7 @@ class _OnCuda(torch.Tensor):
 def test_a_bucket_of_a_group_nccl_times_is_closed_by_nccls_end_not_an_event(timer) -> None:
     """The Python kernel's path: the bucket's Work goes to the timer in place of an end event,
     and the bucket stays in flight until NCCL has finished it."""
-    from dtprof.record import comms
-
-    prof = timer.prof
-    prof.rank, prof.collectives, prof.step_index, prof.gpu_timer = 0, deque(), 2, timer
-    recorder = comms.CommRecorder(prof)  # type: ignore[arg-type]
-    recorder.group_name = lambda group: "0"  # type: ignore[method-assign]
+    recorder = _recorder(timer, 2)
     group, work = object(), _Work(3.0)
     future = SimpleNamespace(add_done_callback=lambda callback: callback(future), value=lambda: 0)
     work.get_future = lambda: future  # type: ignore[attr-defined]
@@ -353,10 +357,7 @@ def _api_recorder(timer: gpu_timing.GpuTimer, monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(comms, "_on_cuda", lambda payload: True)
     turned_on: list[Any] = []
     monkeypatch.setattr(nccl_timing, "use_nccl_timing", lambda group: turned_on.append(group) or 1)
-    prof = timer.prof
-    prof.rank, prof.collectives, prof.step_index, prof.gpu_timer = 0, deque(), 5, timer
-    recorder = comms.CommRecorder(prof)  # type: ignore[arg-type]
-    recorder.group_name = lambda group: "g"  # type: ignore[method-assign]
+    recorder = _recorder(timer, 5)
     recorder.turned_on = turned_on
     return recorder
 
