@@ -390,45 +390,44 @@ def part_three(
     tokens = torch.randint(0, VOCAB, (BATCH, SEQ + 1), device=device)
     found: dict[str, Any] = {"warm_steps_per_block": WARM, "rounds": rounds, "goal": 1.01}
     if loops["launch"]:
-        for _ in range(WARM):
-            train_step(model, opt, tokens)
-        got, failed = shuffled(
+        found["launch_bound"] = timed_loop(
             model, opt, tokens, steps, rounds, loops["launch"], out / "launch-bound"
         )
-        found["launch_bound"] = {"batch": BATCH, "steps_per_block": steps, **ratios(got)}
-        found["launch_bound"]["failed"] = failed
     if loops["gpu"]:
         big = torch.randint(0, VOCAB, (GPU_BOUND_BATCH, SEQ + 1), device=device)
-        for _ in range(WARM):
-            train_step(model, opt, big)
-        got, failed = shuffled(model, opt, big, steps // 3, rounds, loops["gpu"], out / "gpu-bound")
-        found["gpu_bound"] = {
-            "batch": GPU_BOUND_BATCH,
-            "steps_per_block": steps // 3,
-            **ratios(got),
-            "failed": failed,
-        }
+        found["gpu_bound"] = timed_loop(
+            model, opt, big, steps // 3, rounds, loops["gpu"], out / "gpu-bound"
+        )
     if loops["fsdp"]:
         try:  # (not yet run on a GPU: a failure here must not lose the loops above)
             sharded, sharded_opt = fsdp_model(width, layers, device)
             big = torch.randint(0, VOCAB, (GPU_BOUND_BATCH, SEQ + 1), device=device)
-            for _ in range(WARM):
-                train_step(sharded, sharded_opt, big)
-            got, failed = shuffled(
+            found["fsdp"] = timed_loop(
                 sharded, sharded_opt, big, steps // 3, rounds, loops["fsdp"], out / "fsdp"
             )
-            found["fsdp"] = {
-                "batch": GPU_BOUND_BATCH,
-                "steps_per_block": steps // 3,
-                **ratios(got),
-                "failed": failed,
-            }
         except Exception as exc:
             found["fsdp"] = {"error": f"{type(exc).__name__}: {exc}"}
     found["host_us"] = host_costs(tokens)
     dist.barrier()
     dist.destroy_process_group()
     return found
+
+
+def timed_loop(
+    model: nn.Module,
+    opt: torch.optim.Optimizer,
+    tokens: torch.Tensor,
+    steps: int,
+    rounds: int,
+    names: list[str],
+    out: Path,
+) -> dict[str, Any]:
+    """One loop of part 3: WARM steps to warm up, then shuffled() blocks of ``names``; their
+    ratios, and the modes that failed."""
+    for _ in range(WARM):
+        train_step(model, opt, tokens)
+    got, failed = shuffled(model, opt, tokens, steps, rounds, names, out)
+    return {"batch": len(tokens), "steps_per_block": steps, **ratios(got), "failed": failed}
 
 
 def host_costs(tensor: torch.Tensor, n: int = 5000) -> dict[str, float]:
