@@ -46,11 +46,14 @@ class _Segment:
         self.path = folder / f"{LIVE_PREFIX}{number:06d}.arrows"
         self.rows = 0
         self.opened_s = time.monotonic()
-        self._sink = pa.OSFile(str(self.path), "wb")
+        # a batch is many small buffers: gathered here, they reach the file in one write
+        file = pa.OSFile(str(self.path), "wb")
+        self._sink = pa.BufferedOutputStream(file, buffer_size=1 << 16)  # closes the file
         self._stream = pa.ipc.new_stream(self._sink, table.schema)
 
     def append(self, batch: pa.RecordBatch) -> None:
         self._stream.write_batch(batch)
+        self._sink.flush()  # to the operating system now: it survives a SIGKILL
         self.rows += batch.num_rows
 
     def seal(self) -> None:
@@ -176,4 +179,4 @@ class TraceWriter:
 
 def _to_batch(table: Table, rows: list[tuple[Any, ...]]) -> pa.RecordBatch:
     """The rows (tuples in column order) as one batch, converted by Arrow in one pass."""
-    return pa.RecordBatch.from_struct_array(pa.array(rows, type=pa.struct(table.schema)))
+    return pa.RecordBatch.from_struct_array(pa.array(rows, type=table.row_type))

@@ -61,6 +61,11 @@ class Table:
         return pa.schema([pa.field(c.name, c.type) for c in self.columns])
 
     @functools.cached_property
+    def row_type(self) -> pa.StructType:
+        """A row as one Arrow struct: what the writer converts each flush's rows to."""
+        return pa.struct(self.schema)
+
+    @functools.cached_property
     def empty(self) -> pa.Table:
         """This table with no rows: made once and shared (Arrow tables never change, and most
         tables of a rank are empty)."""
