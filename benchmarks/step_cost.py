@@ -187,15 +187,24 @@ def windows(
         text = dump.read_text()
         name = re.search(r"^desc: Trigger: Client Request: (\w+)", text, re.M)
         events = re.search(r"^events: (.+)$", text, re.M)
-        total = re.search(r"^totals: ([\d ]+)$", text, re.M)  # summary: can wrap below 0
+        total = re.search(r"^totals: ([\d ]+)$", text, re.M)
+        summary = re.search(r"^summary: ([\d ]+)$", text, re.M)
         if name and events and total:
             counts[name.group(1)] = dict(
                 zip(events.group(1).split(), map(int, total.group(1).split()), strict=True)
             )
+            if summary and summary.group(1) != total.group(1):  # seen in a flush window
+                DISAGREE.append(
+                    f"{mode}, {name.group(1)}: callgrind's summary says"
+                    f" {int(summary.group(1).split()[0]):,} instructions, its totals"
+                    f" {int(total.group(1).split()[0]):,} (the table has the totals)"
+                )
     if done.returncode != 0 or "steps" not in counts:
         raise RuntimeError(f"valgrind run failed ({mode}):\n{done.stderr[-2000:]}")
     return counts
 
+
+DISAGREE: list[str] = []  # windows whose two counts differ: their figures are doubtful
 
 # --sim: what the steps' extra instructions cost beyond their number
 MISSES = {
@@ -298,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
                 for events in MISSES.values()
             ]
             lines.append(f"{name[:31]:<32}" + "".join(f"{n / args.steps:>+24,.0f}" for n in extra))
+    lines += [f"doubtful: {note}" for note in DISAGREE]
     lines.append(f"({time.monotonic() - started:.0f} s)")
     print("\n".join(lines))
     return 0
