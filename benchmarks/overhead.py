@@ -10,7 +10,10 @@ modes train one DDP replica of the MLP, so that they differ only in what they re
 that registers a comm hook, which stays on the model it was registered on, trains a replica of
 its own. A step's wall time is the mean over ranks; its CPU time is that of the whole process
 (every thread, dtprof's writer included), the steadier figure where other jobs share the
-machine. The first step of each block is dropped. Then tiny synchronous collectives are timed
+machine. A block of the default 10 steps (about 0.3 s) ends before the writer's first flush, 0.5
+s after its profile starts: the writer's periodic cost is not in these figures
+(benchmarks/writer_cost.py measures it). The first step of each block is dropped (in dtprof's,
+it also counts the model's FLOPs, once per profile). Then tiny synchronous collectives are timed
 with and without dtprof on all ranks, interleaved, and dtprof's wrapper against the function it
 wraps in one process on a one-rank group, and a whole training step alone on a one-rank group
 (bare, PyTorch's Python DDP comm hook, dtprof with DDP's buckets seen at the dispatcher, through
