@@ -413,6 +413,9 @@ def part_three(
     return found
 
 
+WARM = 5  # steps of each block before the timed ones: profile start-up, the FLOP count
+
+
 def timed_loop(
     model: nn.Module,
     opt: torch.optim.Optimizer,
@@ -422,12 +425,29 @@ def timed_loop(
     names: list[str],
     out: Path,
 ) -> dict[str, Any]:
-    """One loop of part 3: WARM steps to warm up, then shuffled() blocks of ``names``; their
-    ratios, and the modes that failed."""
+    """One loop of part 3: WARM steps to warm up, then timed_block() of each mode, ``rounds``
+    times, in a random order each round (a rotation would always put the same mode after the
+    same other, whose heat or clocks it inherits); their ratios. A mode whose block fails is
+    left out from then on, its error under "failed"."""
     for _ in range(WARM):
         train_step(model, opt, tokens)
-    got, failed = shuffled(model, opt, tokens, steps, rounds, names, out)
-    return {"batch": len(tokens), "steps_per_block": steps, **ratios(got), "failed": failed}
+    got: dict[str, dict[str, list[float]]] = {m: {} for m in names}
+    failed: dict[str, str] = {}
+    for i in range(rounds):
+        order = [m for m in names if m not in failed]
+        random.Random(i).shuffle(order)
+        for mode in order:
+            try:
+                block = timed_block(model, opt, tokens, steps, MODES[mode], out / f"{i}_{mode}")
+            except Exception as exc:
+                failed[mode] = f"{type(exc).__name__}: {exc}"
+                print(f"overhead {out.name} {mode} failed: {failed[mode]}", file=sys.stderr)
+                continue
+            for key, value in block.items():
+                got[mode].setdefault(key, []).append(value)
+            print(f"overhead {out.name} round {i} {mode}: {block}", file=sys.stderr, flush=True)
+    timed = {m: v for m, v in got.items() if m not in failed}
+    return {"batch": len(tokens), "steps_per_block": steps, **ratios(timed), "failed": failed}
 
 
 def host_costs(tensor: torch.Tensor, n: int = 5000) -> dict[str, float]:
@@ -472,39 +492,6 @@ def ratios(got: dict[str, dict[str, list[float]]]) -> dict[str, Any]:
         },
         "blocks": got,
     }
-
-
-WARM = 5  # steps of each block before the timed ones: profile start-up, the FLOP count
-
-
-def shuffled(
-    model: nn.Module,
-    opt: torch.optim.Optimizer,
-    tokens: torch.Tensor,
-    steps: int,
-    rounds: int,
-    names: list[str],
-    out: Path,
-) -> tuple[dict[str, dict[str, list[float]]], dict[str, str]]:
-    """timed_block() of each mode, ``rounds`` times, in a random order each round (a rotation
-    would always put the same mode after the same other, whose heat or clocks it inherits).
-    A mode whose block fails is left out from then on, its error under "failed"."""
-    got: dict[str, dict[str, list[float]]] = {m: {} for m in names}
-    failed: dict[str, str] = {}
-    for i in range(rounds):
-        order = [m for m in names if m not in failed]
-        random.Random(i).shuffle(order)
-        for mode in order:
-            try:
-                block = timed_block(model, opt, tokens, steps, MODES[mode], out / f"{i}_{mode}")
-            except Exception as exc:
-                failed[mode] = f"{type(exc).__name__}: {exc}"
-                print(f"overhead {out.name} {mode} failed: {failed[mode]}", file=sys.stderr)
-                continue
-            for key, value in block.items():
-                got[mode].setdefault(key, []).append(value)
-            print(f"overhead {out.name} round {i} {mode}: {block}", file=sys.stderr, flush=True)
-    return {m: v for m, v in got.items() if m not in failed}, failed
 
 
 def timed_block(
