@@ -201,6 +201,14 @@ void completed(int64_t id, bool error, std::optional<c10::Device> gpu) {
   inflight.erase(it);
 }
 
+// A record whose operation ends now, with no callback to wait for, into `done`.
+void done_now(Record& rec) {
+  rec.end_ns = now_ns();
+  std::lock_guard<std::mutex> guard(mu);
+  rec.id = next_id++;
+  done.push_back(rec);
+}
+
 // c10d::allreduce_(Tensor[] tensors, ProcessGroup process_group, ReduceOp reduce_op,
 //                  Tensor? sparse_indices, bool async_op, int timeout) -> (Tensor[], Work)
 void kernel(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
@@ -253,20 +261,14 @@ void kernel(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit:
   try {
     op.redispatchBoxed(keys & c10::after_autograd_keyset, stack);
   } catch (...) {  // the operation's own error: recorded as one, then passed on
-    rec.end_ns = now_ns();
     rec.error = 1;
-    std::lock_guard<std::mutex> guard(mu);
-    rec.id = next_id++;
-    done.push_back(rec);
+    done_now(rec);
     throw;
   }
   try {
     auto work = stack->back().toCustomClass<c10d::Work>();
     if (cuda && capturing(current_stream(*cuda))) {  // captured, not run: no event, no callback
-      rec.end_ns = now_ns();
-      std::lock_guard<std::mutex> guard(mu);
-      rec.id = next_id++;
-      done.push_back(rec);
+      done_now(rec);
       return;
     }
     std::optional<c10::Event> start_event;
@@ -429,6 +431,11 @@ const Anchor& anchor_for(int64_t start_ns) {
   return *at;
 }
 
+// The host time, in ns, of `event`: a completed event recorded after `at`'s.
+int64_t host_time(const Anchor& at, const c10::Event& event) {
+  return at.host_ns + std::llround(at.event.elapsedTime(event) * 1e6);
+}
+
 // Whether NCCL is done with a record's operation (where it cannot say: done, and not timed).
 bool nccl_done(const Timed& events) {
   try {
@@ -447,7 +454,7 @@ bool nccl_times(Record& rec, const Anchor& at, Timed& events) {
   } catch (const std::exception&) {
     return false;
   }
-  rec.gpu_start_ns = at.host_ns + std::llround(at.event.elapsedTime(*events.start) * 1e6);
+  rec.gpu_start_ns = host_time(at, *events.start);
   const int64_t began = std::max(rec.gpu_start_ns, nccl_last_end[rec.slot]);
   rec.gpu_end_ns = began + std::llround(static_cast<double>(duration_ms) * 1e6);
   nccl_last_end[rec.slot] = rec.gpu_end_ns;
@@ -487,8 +494,8 @@ void finish_timed() {
     if (it != inflight.end() && !anchors.empty()) {
       Record& rec = it->second;
       const Anchor& at = anchor_for(rec.start_ns);
-      rec.gpu_start_ns = at.host_ns + std::llround(at.event.elapsedTime(*events.start) * 1e6);
-      rec.gpu_end_ns = at.host_ns + std::llround(at.event.elapsedTime(*events.end) * 1e6);
+      rec.gpu_start_ns = host_time(at, *events.start);
+      rec.gpu_end_ns = host_time(at, *events.end);
       rec.gpu_end_ns = std::max(rec.gpu_end_ns, rec.gpu_start_ns);
       done.push_back(rec);
       inflight.erase(it);
