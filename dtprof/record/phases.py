@@ -25,9 +25,11 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from dtprof.record import ddp_hook
+from dtprof.record.native import int64s
 from dtprof.record.throughput import StepWork
 
 if TYPE_CHECKING:
+    from dtprof.record.gpu_timing import GpuTimer
     from dtprof.record.native import Native
     from dtprof.record.profiler import Profiler
 
@@ -150,13 +152,14 @@ class PhaseHooks:
         t = now_ns()
         try:
             if self.data_from_ns is not None:
-                prof = self.prof
                 self.spans.append(
-                    (prof.step_index, "data", "phase", self.data_from_ns, t, 0, None, None)
+                    (self.prof.step_index, "data", "phase", self.data_from_ns, t, 0, None, None)
                 )
                 self.data_from_ns = None
             self._fwd_start = t
-            self._fwd_event = self._mark()
+            timer = self.prof.gpu_timer
+            if timer is not None:
+                self._fwd_event = timer.mark()
             self.work.forward_begins(module, args, kwargs)
         except Exception as exc:
             self.prof.hook_failed("phases", exc)
@@ -177,7 +180,7 @@ class PhaseHooks:
                 leaves = (output,) if isinstance(output, torch.Tensor) else tree_leaves(output)
                 for leaf in leaves:
                     if isinstance(leaf, torch.Tensor) and leaf.requires_grad:
-                        if native is not None and native.watch(leaf, step):
+                        if native is not None and native.watch(leaf._cdata, step):
                             continue
                         node = leaf.grad_fn
                         if node is not None:
@@ -191,7 +194,8 @@ class PhaseHooks:
         try:
             if self._bwd_start is None:
                 self._bwd_start = now_ns()
-                self._bwd_event = self._mark()
+                timer = self.prof.gpu_timer
+                self._bwd_event = timer.mark() if timer is not None else None
                 torch.autograd.Variable._execution_engine.queue_callback(self._backward_ends)
         except Exception as exc:
             self.prof.hook_failed("phases", exc)
@@ -218,11 +222,14 @@ class PhaseHooks:
     def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> Any:
         self._opt_start = now_ns()
         try:
-            self._mark_optimizer()
-            return self._time_closure(args, kwargs)
+            timer = self.prof.gpu_timer
+            if timer is not None:
+                self._mark_optimizer(timer)
+            if args or kwargs:  # perhaps a closure
+                return self._time_closure(args, kwargs)
         except Exception as exc:
             self.prof.hook_failed("phases", exc)
-            return None
+        return None
 
     def _time_closure(self, args: Any, kwargs: Any) -> Any:
         """Where the step is given a closure (Lightning, LBFGS), which runs forward and backward
@@ -238,17 +245,19 @@ class PhaseHooks:
                 return closure()
             finally:
                 self._opt_start = now_ns()
-                self._mark_optimizer()
+                timer = self.prof.gpu_timer
+                if timer is not None:
+                    self._mark_optimizer(timer)
 
         if by_name:
             return args, {**kwargs, "closure": timed_closure}
         return (timed_closure, *args[1:]), kwargs
 
-    def _mark_optimizer(self) -> None:
-        timer = self.prof.gpu_timer
-        if timer is not None:
-            timer.release(self._opt_event)  # a closure's start replaces the step's
-        self._opt_event = self._mark()
+    def _mark_optimizer(self, timer: GpuTimer) -> None:
+        """Where the optimizer's phase begins on the GPU (a closure's start replaces the
+        step's)."""
+        timer.release(self._opt_event)
+        self._opt_event = timer.mark()
 
     def _optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         t = now_ns()
@@ -257,11 +266,6 @@ class PhaseHooks:
             self._opt_event = None
         except Exception as exc:
             self.prof.hook_failed("phases", exc)
-
-    def _mark(self) -> Any:
-        """Where a phase begins on the GPU: a CUDA event on a CUDA job, else None."""
-        timer = self.prof.gpu_timer
-        return timer.mark() if timer is not None else None
 
     def _phase_ends(self, name: str, start: int, end: int, event: Any) -> None:
         """A phase's span, and on a CUDA job its GPU time (``event``: where it began there)."""
@@ -288,17 +292,14 @@ class NativePasses:
     def __init__(self, native: Native) -> None:
         lib = native.lib
         lib.dtprof_backward_watcher.restype = ctypes.py_object
-        self._watch = lib.dtprof_backward_watcher()
+        # watch(tensor._cdata, step) -> bool: time the pass that reaches the tensor's node as
+        # step ``step``'s backward; False where the kernel cannot (a tensor no node made). The
+        # kernel's builtin itself: a Python method around it would cost more than it does.
+        self.watch = lib.dtprof_backward_watcher()
         lib.dtprof_backward_ring.restype = ctypes.c_int64
-        ring = ctypes.c_int64 * (1 + 3 * self.RING)
-        self._ring = ring.from_address(lib.dtprof_backward_ring())
+        self._ring = int64s(lib.dtprof_backward_ring(), 1 + 3 * self.RING)
         self._read = self._ring[0]  # the passes written before this profile are not its own
         self.lost = 0  # passes overwritten before they were read
-
-    def watch(self, tensor: torch.Tensor, step: int) -> bool:
-        """Time the pass that reaches ``tensor``'s node, as step ``step``'s backward; False
-        where the kernel cannot (a tensor no node made)."""
-        return self._watch(tensor._cdata, step)
 
     def take(self, spans: deque[tuple[Any, ...]]) -> None:
         """The passes finished since the last take, as backward spans."""

@@ -255,6 +255,7 @@ class Profiler:
         self.fingerprints, self.collectives = buffers["fingerprints"], buffers["collectives"]
         self.groups = buffers["groups"]
         self.gpu_spans = buffers["gpu_spans"]
+        self.memory = memory.StepMemory(self.samples)
 
         self.meta = RankMeta(
             schema_version=SCHEMA_VERSION,
@@ -441,9 +442,9 @@ class Profiler:
             self.phases.data_from_ns = t
 
     def _step_extras(self, step: int, t: int) -> int:
-        """Memory and, when due, fingerprints; returns when this work ended."""
+        """Memory and fingerprints, when due; returns when this work ended."""
         try:
-            memory.sample_step(self, step, t)
+            self.memory.step_ends(step, t)
             due = self.fingerprint_every > 0 and step % self.fingerprint_every == 0
             if due and self.model is not None:
                 fingerprint.record(self, step)

@@ -175,7 +175,7 @@ SCALARS = Table(
 
 SAMPLES = Table(
     "samples",
-    "Memory per step and GPU samples from NVML.",
+    "Memory at steps' ends and GPU samples from NVML.",
     (
         _STEP,
         _ns("ts_ns", "when the value was read"),
