@@ -261,6 +261,61 @@ def test_non_finite_scalars_are_kept(tmp_path: Path) -> None:
     assert values.isna()["loss"] and values["gnorm"] == float("inf")
 
 
+class _Scalar(torch.Tensor):
+    """A Python subclass: its value is item()'s to give."""
+
+
+def test_the_native_kernel_reads_a_logged_tensor_as_item_does() -> None:
+    native_kernel_or_skip()
+    from dtprof.record import native
+
+    read = native.load()[0].read_scalar  # type: ignore[union-attr]
+    plain = [
+        torch.tensor(1.5),
+        torch.tensor(-2.25, dtype=torch.float64),
+        torch.tensor(3.25, dtype=torch.float16),
+        torch.tensor(-1.5, dtype=torch.bfloat16),
+        torch.tensor(2**40 + 1),
+        torch.tensor(-7, dtype=torch.int32),
+        torch.tensor(300, dtype=torch.int16),
+        torch.tensor(-3, dtype=torch.int8),
+        torch.tensor(250, dtype=torch.uint8),
+        torch.tensor(True),
+        torch.tensor([[4.0]]),
+        torch.arange(5.0)[3],  # a view at an offset into its storage
+        torch.tensor(5.0, requires_grad=True) * 2,
+        torch.nn.Parameter(torch.tensor(9.0)),
+        torch.tensor(float("inf")),
+    ]
+    for tensor in plain:
+        value = read(tensor)
+        assert type(value) is float and value == float(tensor.item()), tensor
+    # what it leaves to item(): a negated view, complex, a subclass (the same values)
+    for tensor in (
+        torch._neg_view(torch.tensor(3.0)),
+        torch.tensor(1 + 2j),
+        torch.tensor(2.0).as_subclass(_Scalar),
+    ):
+        assert read(tensor) == tensor.item()
+    with pytest.raises(RuntimeError, match="3 elements"):
+        read(torch.arange(3.0))  # item()'s own error
+
+
+def test_a_logged_tensor_holds_its_value_at_the_log(tmp_path: Path, kernel: str) -> None:
+    model = torch.nn.Linear(2, 1)
+    with dtprof.profile(tmp_path, model=model, clock_sync=False) as prof:
+        reader = prof._read_scalar  # type: ignore[union-attr]
+        assert reader.__name__ == ("read_scalar" if kernel == "native" else "item")
+        for step in range(3):
+            loss = model(torch.ones(1, 2)).sum() * 0 + step + 0.5
+            prof.log(loss=loss, count=torch.tensor(step, dtype=torch.int64))
+            loss.data.fill_(-1.0)  # changed after the log: not what was logged
+            prof.step()
+    scalars = dtprof.load_trace(tmp_path).scalars
+    assert scalars[scalars["name"] == "loss"]["value"].tolist() == [0.5, 1.5, 2.5]
+    assert scalars[scalars["name"] == "count"]["value"].tolist() == [0.0, 1.0, 2.0]
+
+
 class _Arrival:
     """Stands in for the CUDA event after a logged scalar's copy to the host."""
 

@@ -2,13 +2,15 @@
 
 ``buckets.cpp`` does what :mod:`dtprof.record.ddp_buckets` does with no Python on a bucket's
 path (see there); ``backward.cpp`` times the backward phase as :mod:`dtprof.record.phases`
-does, with no Python in the autograd pass (see there). It is compiled against the torch in use,
-as torch extensions are, so it is built on the machine, once per torch build, into dtprof's
-cache (a C++ compiler and ninja needed, about 10-30 s): by the first ``profile()`` of a model
-that needs it, which says so once on stderr (the first process of a node; the others wait for
-its build), or ahead by ``dtprof build-native``. A build that fails is remembered, and not tried
-again at each run until ``dtprof build-native`` tries it; ``profile()`` then records in Python,
-saying why in the trace's metadata. ``DTPROF_NATIVE=0`` keeps it unloaded.
+does, with no Python in the autograd pass (see there); ``scalars.cpp`` reads a logged CPU
+tensor's value without torch's dispatcher (``read_scalar``, for ``prof.log()``, where the
+kernel is loaded for a model). It is compiled against the torch in use, as torch extensions
+are, so it is built on the machine, once per torch build, into dtprof's cache (a C++ compiler
+and ninja needed, about 10-30 s): by the first ``profile()`` of a model that needs it, which
+says so once on stderr (the first process of a node; the others wait for its build), or ahead
+by ``dtprof build-native``. A build that fails is remembered, and not tried again at each run
+until ``dtprof build-native`` tries it; ``profile()`` then records in Python, saying why in
+the trace's metadata. ``DTPROF_NATIVE=0`` keeps it unloaded.
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ from typing import Any
 from dtprof.cache import native_off, native_root
 from dtprof.errors import DtprofError
 
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("buckets.cpp", "backward.cpp"))
+SOURCES = tuple(
+    Path(__file__).with_name(name) for name in ("buckets.cpp", "backward.cpp", "scalars.cpp")
+)
 HEADERS = (Path(__file__).with_name("clock.h"),)
 NAME = "dtprof_native"
 SLOTS = 64  # watched groups at most (kSlots in buckets.cpp)
@@ -120,6 +124,12 @@ def load() -> tuple[Native | None, str]:
         return native, ""
 
 
+def loaded() -> Native | None:
+    """The kernel where this process has loaded it and it is not switched off (never builds or
+    loads it)."""
+    return None if native_off() else _loaded
+
+
 def failure_path() -> Path:
     """Where a failed build of this torch build's kernel is remembered."""
     return build_dir() / "build.failed"
@@ -176,6 +186,9 @@ class Native:
         self.ops = ops
         self.lib = ctypes.PyDLL(str(path))
         self.now = ops.now
+        self.lib.dtprof_scalar_reader.restype = ctypes.py_object
+        # read_scalar(tensor): tensor.item(), read from memory where it is a plain CPU scalar
+        self.read_scalar = self.lib.dtprof_scalar_reader()
         self.shared = int64s(int(ops.shared_address()), 1 + SLOTS)
         self._tls = threading.local()
         self._dtypes: dict[int, str] = {}
