@@ -5,7 +5,8 @@ the gradient reaches the model's output (a hook on the autograd node that made i
 of the autograd pass (a callback queued on the autograd engine), before DDP waits for its last
 bucket. Where the native kernel is loaded, that hook and callback are its C++ ones
 (dtprof/record/native/backward.cpp): no Python runs in the pass, and the finished passes are
-read from the kernel's memory at the step's end (their rows follow the optimizer's).
+read from the kernel's memory by dtprof's writer thread, at each tick and at the end (their
+rows reach the trace up to a flush later than the step's others).
 optimizer: its step pre- and post-hooks, or from where the step's closure returned (Lightning,
 LBFGS: the closure runs forward and backward inside the step). data: from the end of a step to
 the next forward.
@@ -17,6 +18,7 @@ backward and optimizer get their GPU execution times too. Data has none: it is t
 from __future__ import annotations
 
 import ctypes
+import threading
 import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
@@ -137,13 +139,17 @@ class PhaseHooks:
             if passes.lost:
                 self.prof.note_meta(
                     backward_timing=f"native ({passes.lost} passes lost: more than "
-                    f"{passes.RING - 1} between two steps' ends)"
+                    f"{passes.RING - 1} between two of the writer's ticks)"
                 )
+
+    def take_native_passes(self) -> None:
+        """The backward passes the native kernel finished since the last take, into the trace
+        (on the writer thread, at each tick)."""
+        if self.native_passes is not None:
+            self.native_passes.take(self.spans)
 
     def step_ends(self, step: int) -> None:
         try:
-            if self.native_passes is not None:
-                self.native_passes.take(self.spans)
             self.work.step_ends(step)
         except Exception as exc:
             self.prof.hook_failed("phases", exc)
@@ -287,7 +293,7 @@ class NativePasses:
     """The backward passes the native kernel times: its hook on an output's autograd node
     (``watch``), and the ring of finished passes it writes in its memory (``take``)."""
 
-    RING = 4096  # kRing in backward.cpp: passes between two steps' ends before any is lost
+    RING = 16384  # kRing in backward.cpp: passes between two takes before any is lost
 
     def __init__(self, native: Native) -> None:
         lib = native.lib
@@ -298,13 +304,20 @@ class NativePasses:
         self.watch = lib.dtprof_backward_watcher()
         lib.dtprof_backward_ring.restype = ctypes.c_int64
         self._ring = int64s(lib.dtprof_backward_ring(), 1 + 3 * self.RING)
-        self._read = self._ring[0]  # the passes written before this profile are not its own
+        lib.dtprof_backward_written.restype = ctypes.c_int64
+        self._written = lib.dtprof_backward_written  # the count, after which the rows are whole
+        self._read = self._written()  # the passes written before this profile are not its own
         self.lost = 0  # passes overwritten before they were read
+        self._lock = threading.Lock()  # the writer's tick and the profile's end both take
 
     def take(self, spans: deque[tuple[Any, ...]]) -> None:
         """The passes finished since the last take, as backward spans."""
+        with self._lock:
+            self._take(spans)
+
+    def _take(self, spans: deque[tuple[Any, ...]]) -> None:
         ring = self._ring
-        written, read = ring[0], self._read
+        written, read = self._written(), self._read
         if written == read:
             return
         if written - read >= self.RING:  # the oldest may be being written over

@@ -503,6 +503,8 @@ class Profiler:
         if "writer-tick" in self._switched_off:
             return
         try:
+            if "phases" in self._removers:
+                self.phases.take_native_passes()
             with gpu_timing.relaxed_capture_mode():  # never breaks a graph the user captures
                 self.comms.sync_native()
                 self._drain_gpu_timer()

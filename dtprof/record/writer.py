@@ -136,14 +136,14 @@ class TraceWriter:
                 self._flush_locked(seal)
             except Exception as exc:  # disk full, permissions, a vanished folder...
                 self.failed = True
-                for buf in self.buffers.values():
-                    buf.clear()
                 if self._on_failure is not None:
-                    self._on_failure(exc)
+                    self._on_failure(exc)  # removing the hooks may queue their last rows
                 else:
                     warnings.warn(
                         f"dtprof: trace writing stopped: {exc}", DtprofWarning, stacklevel=1
                     )
+                for buf in self.buffers.values():
+                    buf.clear()
 
     def _flush_locked(self, seal: bool) -> None:
         now = time.monotonic()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import ctypes
 import gc
 import itertools
+import threading
+import time
 import warnings
 from collections import deque
 from pathlib import Path
@@ -144,13 +146,32 @@ def test_a_pass_under_compiled_autograd_leaves_the_next_ones_timed(
     assert _backward_steps(tmp_path, kernel) == [0, 2, 3]
 
 
+def test_backward_passes_reach_the_trace_while_it_records(tmp_path: Path, kernel: str) -> None:
+    """The native kernel's passes are taken by the writer's tick: a live reader sees them
+    before the profile ends, as it sees the other phases."""
+    model = nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with dtprof.profile(tmp_path, model=model, optimizer=opt, flush_interval_s=0.05) as prof:
+        _train(prof, model, opt, steps=3)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            spans = dtprof.load_trace(tmp_path).spans
+            if (spans["name"] == "backward").sum() == 3:
+                break
+            time.sleep(0.05)
+        live = spans[spans["kind"] == "phase"]
+    assert sorted(live[live["name"] == "backward"]["step"]) == [0, 1, 2]
+    assert sorted(live[live["name"] == "forward"]["step"]) == [0, 1, 2]
+
+
 def test_native_backward_passes_are_read_from_the_ring_in_order_and_losses_counted() -> None:
     """The ring the C++ hook writes (written count, then step, start, end per pass), read as
     Python reads it: what came since the last read, oldest first; what was written over before
     it was read is counted, not made up."""
     passes = object.__new__(NativePasses)
-    ring = passes._ring = (ctypes.c_int64 * (1 + 3 * NativePasses.RING))()
-    passes._read, passes.lost = 0, 0
+    ring = passes._ring = (ctypes.c_int64 * (1 + 3 * NativePasses.RING))()  # type: ignore[assignment]
+    passes._written = lambda: ring[0]  # type: ignore[method-assign]
+    passes._read, passes.lost, passes._lock = 0, 0, threading.Lock()
 
     def write(n: int) -> None:
         for _ in range(n):
@@ -178,15 +199,16 @@ def test_native_backward_passes_are_read_from_the_ring_in_order_and_losses_count
     assert [s[3] for s in spans] == [100 * i for i in range(14, 3 + NativePasses.RING + 10)]
 
 
-def test_native_backward_passes_lost_between_steps_are_said_in_the_metadata(
+def test_native_backward_passes_lost_between_takes_are_said_in_the_metadata(
     tmp_path: Path,
 ) -> None:
-    """More passes between two steps' ends than the kernel's ring holds: the newest are kept,
-    and meta.json says how many were lost."""
+    """More passes between two takes than the kernel's ring holds: the newest are kept, and
+    meta.json says how many were lost."""
     native_kernel_or_skip()
     model = nn.Linear(2, 1)
     extra = 5
-    with dtprof.profile(tmp_path, model=model, clock_sync=False):
+    # no tick of the writer's before the end: all the passes wait for one take
+    with dtprof.profile(tmp_path, model=model, clock_sync=False, flush_interval_s=1e6):
         for _ in range(NativePasses.RING + extra):
             model(torch.ones(1, 2)).sum().backward()
     trace = dtprof.load_trace(tmp_path)

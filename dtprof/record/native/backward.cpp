@@ -5,8 +5,9 @@
 // (Tensor._cdata) and the step, adds a pre-hook to the autograd node that made it. When the gradient reaches that
 // node (the first of the pass, if several outputs are watched), the hook notes the time and
 // queues a callback on the autograd engine for the end of the pass; the callback writes the
-// pass (step, start, end) into a ring that Python reads through plain memory (ctypes) at its
-// next hook on the training thread. In Python the same pre-hook costs a registration through
+// pass (step, start, end) into a ring that Python reads through plain memory, on dtprof's
+// writer thread at each tick (after dtprof_backward_written(), whose acquire load makes the
+// rows below the count it returns complete) and at the profile's end. In Python the same pre-hook costs a registration through
 // torch's Python hook machinery and a call into Python (with the GIL) in the middle of the
 // pass: most of recording's fixed cost per step. watch_backward is a plain Python builtin
 // (made by dtprof_backward_watcher(), which Python fetches once through ctypes), as cheap to
@@ -36,7 +37,7 @@ namespace {
 
 using dtprof::now_ns;
 
-constexpr int64_t kRing = 4096;  // passes Python may fall behind by before losing some
+constexpr int64_t kRing = 16384;  // passes Python may fall behind by before losing some
 
 struct Ring {
   std::atomic<int64_t> written;  // passes written so far; pass i is at rows[i % kRing]
@@ -153,7 +154,10 @@ extern "C" {
 // the builtin watch_backward, for Python (a new reference)
 PyObject* dtprof_backward_watcher() { return PyCFunction_New(&watch_def, nullptr); }
 
-// the ring's address, for Python's ctypes view of it
+// the ring's address, for Python's view of it
 int64_t dtprof_backward_ring() { return reinterpret_cast<int64_t>(&ring); }
+
+// the passes written so far: every row below this count is complete
+int64_t dtprof_backward_written() { return ring.written.load(std::memory_order_acquire); }
 
 }  // extern "C"
