@@ -170,17 +170,18 @@ def build_window(folder: Path) -> Path:
 
 
 def windows(
-    mode: str, steps: int, env: dict[str, str], folder: Path, sim: bool
+    mode: str, steps: int, env: dict[str, str], folder: Path, sim: bool, tree: Path
 ) -> dict[str, dict[str, int]]:
     """Callgrind's counts in each window the training process opened, by window name and
     event (Ir, the instructions; with ``sim``, also the simulated caches' misses and the
-    mispredicted branches)."""
+    mispredicted branches). The process runs in ``tree``: ``python -c`` puts its working folder
+    first on the path, ahead of PYTHONPATH, so that a dtprof there would be the one imported."""
     out = folder / f"callgrind.{len(list(folder.iterdir()))}"
     simulate = ["--cache-sim=yes", "--branch-sim=yes"] if sim else []
     done = subprocess.run(
         ["valgrind", "--tool=callgrind", *simulate, "--instr-atstart=no",
          f"--callgrind-out-file={out}", sys.executable, "-c", TRAIN, mode, str(steps)],
-        capture_output=True, text=True, env=env, timeout=3600,
+        capture_output=True, text=True, env=env, timeout=3600, cwd=tree,
     )  # fmt: skip
     counts = {}
     for dump in folder.glob(f"{out.name}.*"):
@@ -280,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
             if name.startswith("dtprof without "):
                 env["WITHOUT"] = name.removeprefix("dtprof without ")
             mode = name if tree == here else "dtprof"
-            counted[name] = windows(mode, args.steps, env, folder, args.sim)
+            counted[name] = windows(mode, args.steps, env, folder, args.sim, tree)
     step_ns = native_step_ns(args.steps, {**os.environ, **model_env})
     bare = counted["bare"]["steps"]["Ir"] / args.steps
     rate = bare / step_ns  # instructions per ns of the bare step
