@@ -336,6 +336,23 @@ def test_memory_that_keeps_growing_is_flagged_a_plateau_is_not(
         assert report.findings[0].evidence["metric"] == "rss_bytes"
 
 
+def test_memory_read_every_few_steps_is_counted_in_steps(tmp_path: Path) -> None:
+    """A fast job's memory is read every few steps (at most every 50 ms): the finding counts
+    the steps the growth spans, and its rate is per step, not per reading."""
+    for rank in range(2):
+        rss = []
+        for s in range(0, 80, 4):  # step 0, 4, ..., 76: 20 readings over 80 steps
+            grown = 0.01 * s if rank == 0 else 0.0
+            rss.append((s, s * MS + MS // 2, "rss_bytes", (1 + grown) * GIB))
+        steps = [(s, s * MS, s * MS + MS // 2) for s in range(80)]
+        write_rank(tmp_path, rank_meta(rank, 2), {"samples": rss, "steps": steps})
+    (finding,) = analyze(tmp_path).findings
+    assert finding.code == "memory-growth" and finding.ranks == [0]
+    # after the warm-up (the first 10% of the 80 steps), from the reading of step 8 to 76
+    assert "over 69 steps" in finding.message
+    assert finding.evidence["bytes_per_step"] == {0: pytest.approx(0.01 * GIB, rel=1e-6)}
+
+
 def _in_flight(group: str, seq: int) -> dict[str, object]:
     """One inflight.json row: an all-reduce of step ``seq`` entered at (seq + 1) ms."""
     return {

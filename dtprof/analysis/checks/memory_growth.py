@@ -4,7 +4,8 @@ Rule: per rank and memory metric (RSS; CUDA allocated and reserved), over the st
 first 10% (at least 2): the last reading exceeds the first by at least 20% and 256 MiB, and the
 second half of the steps still adds at least 30% of that growth (so a plateau after warm-up is
 not a leak). Warning. Its first step is where the growth began: the hinge of the best fit of
-"flat, then a straight rise" to the worst rank's readings.
+"flat, then a straight rise" to the worst rank's readings. The 10% are of the run's steps, and
+the growth per step counts steps, not readings: a fast job's memory is read every few steps.
 """
 
 from __future__ import annotations
@@ -25,7 +26,10 @@ def check(run: RunSummary) -> list[Finding]:
     mem = run.memory
     if not mem.num_rows:
         return []
-    mem = rows(mem, values(mem, "step") >= warmup_steps(values(mem, "step")))
+    # the warm-up is a share of the run's steps, not of the readings (a few steps apart
+    # where steps are fast)
+    steps = run.steps if run.steps.num_rows else mem
+    mem = rows(mem, values(mem, "step") >= warmup_steps(values(steps, "step")))
     mem = mem.take(sort_order(mem, "step"))
     code, names = codes(mem, "metric")
     step, rank, value = values(mem, "step"), values(mem, "rank"), values(mem, "value", float)
@@ -42,6 +46,9 @@ def check(run: RunSummary) -> list[Finding]:
         if not len(leaking):
             continue
         steps = np.unique(step[pick])
+        # readings come at most every 50 ms (dtprof.record.memory): a fast job's are a few
+        # steps apart, so the steps are counted from the first reading's to the last's
+        span = int(steps[-1] - steps[0]) + 1
         worst = leaking[np.argmax(growth[leaking])]  # the first of equals, as max() gave
         mine = pick & (rank == ranks[worst])
         began = growth_onset(step[mine], value[mine])
@@ -55,7 +62,7 @@ def check(run: RunSummary) -> list[Finding]:
                 message=(
                     f"{metric} grows on {len(leaking)} rank(s): rank {ranks[worst]} went from "
                     f"{first[worst] / 2**30:.2f} to {last[worst] / 2**30:.2f} GiB over "
-                    f"{len(steps)} steps, growing from step {began} on, and is still growing"
+                    f"{span} steps, growing from step {began} on, and is still growing"
                 ),
                 suggestion=(
                     "look for tensors kept across steps: a loss appended without .item() or "
@@ -66,7 +73,7 @@ def check(run: RunSummary) -> list[Finding]:
                     "growth_from_step": began,
                     "growth_bytes": {int(ranks[i]): float(growth[i]) for i in leaking},
                     "bytes_per_step": {
-                        int(ranks[i]): round(float(growth[i]) / max(len(steps) - 1, 1), 1)
+                        int(ranks[i]): round(float(growth[i]) / max(span - 1, 1), 1)
                         for i in leaking
                     },
                 },
