@@ -13,9 +13,12 @@ tight loop cost a tenth of that). A few µs timed directly are precise (p10 abou
 median), where the whole step's time varies by ±50 µs from one block of steps to the next.
 The timer's own wrapper adds well under a microsecond to each call.
 
-Not in these figures: PyTorch's own cost of calling the hooks (a module with hooks takes the
-slow path of ``nn.Module.__call__``), the native kernel's C++ (the backward's hook, DDP's
-buckets), and the writer thread (benchmarks/writer_cost.py measures it).
+Not in these figures: the native kernel's C++ (the backward's hook, DDP's buckets), the writer
+thread (benchmarks/writer_cost.py measures it), and PyTorch's own cost of calling the hooks: a
+module with hooks takes the slow path of ``nn.Module.__call__``. A last line measures that
+part apart, with no dtprof: the same model called with two empty hooks (a forward pre-hook and
+a forward hook) and with none, in blocks of 10 steps in a random order, timed from the call to
+the start of the model's ``forward`` and from its end to the return.
 
 Each ``--tree`` (a dtprof checkout; default this one) runs in its own process, the trees in
 turn, ``--rounds`` times; the table gives, per function and tree, the median time of a call
@@ -107,6 +110,71 @@ print(json.dumps({"step_ns": step_ns, "times": times}))
 """
 
 
+HOOKS_ALONE = """
+import os, random, statistics, sys, time, torch
+import torch.distributed as dist
+from torch import nn
+torch.set_num_threads(1)
+rounds = int(sys.argv[1])
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{os.environ['PORT']}",
+                        rank=0, world_size=1)
+torch.manual_seed(0)
+layers = []
+for _ in range(4):
+    layers += [nn.Linear(512, 512), nn.ReLU()]
+model = nn.parallel.DistributedDataParallel(nn.Sequential(*layers, nn.Linear(512, 16)))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+loss_fn = nn.CrossEntropyLoss()
+gen = torch.Generator().manual_seed(0)
+now = time.perf_counter_ns
+DDP = nn.parallel.DistributedDataParallel
+forward = DDP.forward
+edges = {}
+def timed_forward(self, *args, **kwargs):
+    edges["in"] = now()
+    out = forward(self, *args, **kwargs)
+    edges["out"] = now()
+    return out
+DDP.forward = timed_forward
+def nothing(*args, **kwargs):
+    return None
+extra = {True: [], False: []}
+for r in range(rounds):
+    for hooked in random.Random(r).sample([True, False], 2):
+        handles = []
+        if hooked:
+            handles = [model.register_forward_pre_hook(nothing, with_kwargs=True),
+                       model.register_forward_hook(nothing)]
+        for i in range(11):
+            x = torch.randn(64, 512, generator=gen)
+            y = torch.randint(0, 16, (64,), generator=gen)
+            start = now()
+            out = model(x)
+            end = now()
+            loss = loss_fn(out, y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            if i:  # the first step of a block is dropped
+                extra[hooked].append((edges["in"] - start) + (end - edges["out"]))
+        for handle in handles:
+            handle.remove()
+dist.destroy_process_group()
+print(statistics.median(extra[True]) - statistics.median(extra[False]))
+"""
+
+
+def hooks_alone_ns(rounds: int) -> float:
+    """PyTorch's cost per call of a module with two empty hooks over one with none, in ns."""
+    env = {**os.environ, "PORT": str(free_port())}
+    done = subprocess.run(
+        [sys.executable, "-c", HOOKS_ALONE, str(rounds)], capture_output=True, text=True, env=env
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"the hooks' process failed:\n{done.stderr[-2000:]}")
+    return float(done.stdout.split()[-1])
+
+
 def run_once(tree: Path, steps: int) -> dict[str, object]:
     """One process on ``tree``: the step's time and each function's call times."""
     env = {
@@ -156,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
                 if spent:
                     per_call = statistics.median(spent)
                     figures[tree].setdefault(name, []).append((per_call, sum(spent) / args.steps))
+    print("hook_time: PyTorch's own cost of two empty hooks", file=sys.stderr, flush=True)
+    hooks_ns = [hooks_alone_ns(max(40, args.steps // 5)) for _ in range(args.rounds)]
     med = statistics.median
     names = [
         f.split(":")[1] for f in FUNCTIONS if any(f.split(":")[1] in figures[t] for t in trees)
@@ -182,6 +252,11 @@ def main(argv: list[str] | None = None) -> int:
             cells += f"{med(r[0] for r in rounds) / 1e3:>16.1f}{per_step / 1e3:>16.1f}"
         lines.append(f"{name:<34}{cells}")
     lines.append(f"{'all, per step':<34}" + "".join(f"{'':>16}{t / 1e3:>16.1f}" for t in totals))
+    lines.append(
+        "PyTorch's own cost of calling a module with two empty hooks (forward pre-hook and hook)"
+        f" over none, not in the table: {med(hooks_ns) / 1e3:+.1f} µs a step"
+        f" (rounds: {', '.join(f'{ns / 1e3:+.1f}' for ns in hooks_ns)})"
+    )
     if len(trees) > 1:
         lines.append(
             "per step against [0]: "
