@@ -53,12 +53,12 @@ FUNCTIONS = (
     "dtprof.record.profiler:Profiler.log",
     "dtprof.record.profiler:Profiler.step",
 )
-TRAIN = """
-import importlib, json, os, statistics, sys, tempfile, time, torch
+# overhead.py's model and step, on a one-rank gloo group: what both processes below train
+MODEL = """
+import os, sys, time, torch
 import torch.distributed as dist
 from torch import nn
 torch.set_num_threads(1)
-steps = int(sys.argv[1])
 dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{os.environ['PORT']}",
                         rank=0, world_size=1)
 torch.manual_seed(0)
@@ -69,8 +69,14 @@ model = nn.parallel.DistributedDataParallel(nn.Sequential(*layers, nn.Linear(512
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 loss_fn = nn.CrossEntropyLoss()
 gen = torch.Generator().manual_seed(0)
-import dtprof
 now = time.perf_counter_ns
+"""
+TRAIN = (
+    MODEL
+    + """
+import importlib, json, tempfile
+import dtprof
+steps = int(sys.argv[1])
 times = {}
 for target in json.loads(os.environ["FUNCTIONS"]):
     module, qualname = target.split(":")
@@ -108,25 +114,14 @@ with dtprof.profile(tempfile.mkdtemp(), model=model, optimizer=opt, clock_sync=F
 dist.destroy_process_group()
 print(json.dumps({"step_ns": step_ns, "times": times}))
 """
+)
 
 
-HOOKS_ALONE = """
-import os, random, statistics, sys, time, torch
-import torch.distributed as dist
-from torch import nn
-torch.set_num_threads(1)
+HOOKS_ALONE = (
+    MODEL
+    + """
+import random, statistics
 rounds = int(sys.argv[1])
-dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{os.environ['PORT']}",
-                        rank=0, world_size=1)
-torch.manual_seed(0)
-layers = []
-for _ in range(4):
-    layers += [nn.Linear(512, 512), nn.ReLU()]
-model = nn.parallel.DistributedDataParallel(nn.Sequential(*layers, nn.Linear(512, 16)))
-opt = torch.optim.SGD(model.parameters(), lr=0.01)
-loss_fn = nn.CrossEntropyLoss()
-gen = torch.Generator().manual_seed(0)
-now = time.perf_counter_ns
 DDP = nn.parallel.DistributedDataParallel
 forward = DDP.forward
 edges = {}
@@ -162,6 +157,7 @@ for r in range(rounds):
 dist.destroy_process_group()
 print(statistics.median(extra[True]) - statistics.median(extra[False]))
 """
+)
 
 
 def hooks_alone_ns(rounds: int) -> float:

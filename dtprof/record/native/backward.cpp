@@ -2,16 +2,17 @@
 // on a model's output (read that first; this file does the same with no Python in the pass).
 //
 // watch_backward(), called from the model's forward hook with the output tensor's address
-// (Tensor._cdata) and the step, adds a pre-hook to the autograd node that made it. When the gradient reaches that
-// node (the first of the pass, if several outputs are watched), the hook notes the time and
-// queues a callback on the autograd engine for the end of the pass; the callback writes the
-// pass (step, start, end) into a ring that Python reads through plain memory, on dtprof's
-// writer thread at each tick (after dtprof_backward_written(), whose acquire load makes the
-// rows below the count it returns complete) and at the profile's end. In Python the same pre-hook costs a registration through
-// torch's Python hook machinery and a call into Python (with the GIL) in the middle of the
-// pass: most of recording's fixed cost per step. watch_backward is a plain Python builtin
-// (made by dtprof_backward_watcher(), which Python fetches once through ctypes), as cheap to
-// call as any: a call through ctypes or a torch operator costs several times more.
+// (Tensor._cdata) and the step, adds a pre-hook to the autograd node that made it. When the
+// gradient reaches that node (the first of the pass, if several outputs are watched), the hook
+// notes the time and queues a callback on the autograd engine for the end of the pass; the
+// callback writes the pass (step, start, end) into a ring that Python reads through plain
+// memory, on dtprof's writer thread at each tick and at the profile's end, after
+// dtprof_backward_written(), whose acquire load makes every row below the count it returns
+// complete. In Python the same pre-hook costs a registration through torch's Python hook
+// machinery and a call into Python (with the GIL) in the middle of the pass: most of
+// recording's fixed cost per step. watch_backward is a plain Python builtin (made by
+// dtprof_backward_watcher(), which Python fetches once through ctypes), as cheap to call as
+// any: a call through ctypes or a torch operator costs several times more.
 //
 // A pass whose backward raised never reaches its end: the next forward pass outside a backward
 // forgets it (watch), so that the passes after it are timed.
