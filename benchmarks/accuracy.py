@@ -20,6 +20,10 @@ thresholds must hold on a busy host. The table goes to stdout, progress and ever
 the findings it got and the job's command line) to stderr. Exit code 1 when any trial missed.
 ``--rescore DIR`` runs no job: it analyses again the traces that ``--keep DIR`` kept (the same
 --seed, --trials, --kinds and --ranks draw the same trials), to try a change to a check.
+
+To measure another checkout, run this script from inside it: its jobs start with ``python -m
+dtprof.jobs.worker`` in the working folder, which Python puts ahead of PYTHONPATH, so that a
+PYTHONPATH set to another checkout changes the analysis here but not the recording in the jobs.
 """
 
 from __future__ import annotations
