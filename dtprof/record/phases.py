@@ -312,18 +312,16 @@ class NativePasses:
 
     def take(self, spans: deque[tuple[Any, ...]]) -> None:
         """The passes finished since the last take, as backward spans."""
-        with self._lock:
-            self._take(spans)
-
-    def _take(self, spans: deque[tuple[Any, ...]]) -> None:
         ring = self._ring
-        written, read = self._written(), self._read
-        if written == read:
-            return
-        if written - read >= self.RING:  # the oldest may be being written over
-            self.lost += written - read - self.RING + 1
-            read = written - self.RING + 1
-        for i in range(read, written):
-            at = 1 + 3 * (i % self.RING)
-            spans.append((ring[at], "backward", "phase", ring[at + 1], ring[at + 2], 0, None, None))
-        self._read = written
+        with self._lock:
+            written, read = self._written(), self._read
+            if written == read:
+                return
+            if written - read >= self.RING:  # the oldest may be being written over
+                self.lost += written - read - self.RING + 1
+                read = written - self.RING + 1
+            for i in range(read, written):
+                at = 1 + 3 * (i % self.RING)
+                row = (ring[at], "backward", "phase", ring[at + 1], ring[at + 2], 0, None, None)
+                spans.append(row)
+            self._read = written

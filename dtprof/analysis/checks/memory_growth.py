@@ -28,8 +28,8 @@ def check(run: RunSummary) -> list[Finding]:
         return []
     # the warm-up is a share of the run's steps, not of the readings (a few steps apart
     # where steps are fast)
-    steps = run.steps if run.steps.num_rows else mem
-    mem = rows(mem, values(mem, "step") >= warmup_steps(values(steps, "step")))
+    run_steps = run.steps if run.steps.num_rows else mem
+    mem = rows(mem, values(mem, "step") >= warmup_steps(values(run_steps, "step")))
     mem = mem.take(sort_order(mem, "step"))
     code, names = codes(mem, "metric")
     step, rank, value = values(mem, "step"), values(mem, "rank"), values(mem, "value", float)
