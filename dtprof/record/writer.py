@@ -1,10 +1,11 @@
 """Buffered, crash-safe trace writer: hot-path appends, a background thread does the I/O.
 
 Rows are appended to per-table deques (thread-safe, ~50 ns). Every ``flush_interval_s`` the
-writer thread drains them and appends one Arrow IPC record batch per table to that table's
-open segment (``_live-N.arrows``); the bytes reach the operating system at once, so they
-survive a SIGKILL of the process. A segment is sealed into ``part-N.parquet`` (written aside,
-then renamed into place) when it grows past ``seal_rows`` or ``seal_interval_s``, and at close.
+writer thread drains them and appends one frame of columns per table to that table's open
+segment (``_live-N.msgpack``, dtprof.trace.live); the bytes reach the operating system at once,
+so they survive a SIGKILL of the process. A segment is sealed into ``part-N.parquet`` (written
+aside, then renamed into place) when it grows past ``seal_rows`` or ``seal_interval_s``, and at
+close.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from dtprof.trace.schema import LIVE_PREFIX, SEALED_PREFIX, TABLES, Table
+from dtprof.trace import live
+from dtprof.trace.schema import SEALED_PREFIX, TABLES, Table
 
 
 class DtprofWarning(RuntimeWarning):
@@ -37,31 +39,27 @@ def write_json_atomic(path: Path, obj: Any) -> None:
 
 
 class _Segment:
-    """The open segment of one table: an Arrow IPC stream being appended to."""
+    """The open segment of one table: frames of columns being appended (dtprof.trace.live)."""
 
     def __init__(self, folder: Path, table: Table, number: int) -> None:
         self.folder = folder
         self.table = table
         self.number = number
-        self.path = folder / f"{LIVE_PREFIX}{number:06d}.arrows"
+        self.path = folder / live.segment_name(number)
         self.rows = 0
         self.opened_s = time.monotonic()
-        # a batch is many small buffers: gathered here, they reach the file in one write
-        file = pa.OSFile(str(self.path), "wb")
-        self._sink = pa.BufferedOutputStream(file, buffer_size=1 << 16)  # closes the file
-        self._stream = pa.ipc.new_stream(self._sink, table.schema)
+        # no user-space buffer: each frame is in the operating system when append returns
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        live.write_all(self._fd, live.header(table))
 
-    def append(self, batch: pa.RecordBatch) -> None:
-        self._stream.write_batch(batch)
-        self._sink.flush()  # to the operating system now: it survives a SIGKILL
-        self.rows += batch.num_rows
+    def append(self, rows: list[tuple[Any, ...]]) -> None:
+        live.write_all(self._fd, live.rows_frame(rows))
+        self.rows += len(rows)
 
     def seal(self) -> None:
-        """Close the stream, rewrite it as Parquet under its final name, drop the stream."""
-        self._stream.close()
-        self._sink.close()
-        with pa.OSFile(str(self.path), "rb") as source:
-            data = pa.ipc.open_stream(source).read_all()
+        """Close the segment, rewrite it as Parquet under its final name, remove it."""
+        os.close(self._fd)
+        data, _ = live.read(self.path, self.table)
         final = self.folder / f"{SEALED_PREFIX}{self.number:06d}.parquet"
         tmp = self.folder / f".{final.name}.tmp"
         self.table.write_parquet(data, tmp)
@@ -100,8 +98,8 @@ class TraceWriter:
         for name in TABLES:
             (folder / name).mkdir(parents=True, exist_ok=True)
         # pyarrow imports pandas on its first conversion, holding the GIL a while: pay that
-        # now, before training, rather than on the writer thread in the middle of a step
-        _to_batch(TABLES["steps"], [(0, 0, 0)])
+        # now, before training, rather than when the writer thread first seals a segment
+        pa.array([0], type=pa.int64())
 
     def add_tick_hook(self, hook: Callable[[], None]) -> None:
         """Run ``hook`` on the writer thread before each flush (watchdog, samplers)."""
@@ -150,8 +148,7 @@ class TraceWriter:
         for name, buf in self.buffers.items():
             n = len(buf)
             if n:
-                rows = [buf.popleft() for _ in range(n)]
-                self._segment(name).append(_to_batch(TABLES[name], rows))
+                self._segment(name).append([buf.popleft() for _ in range(n)])
                 self.batches_written += 1
             seg = self._segments.get(name)
             if seg is not None and (
@@ -175,8 +172,3 @@ class TraceWriter:
         if self._thread is not None:
             self._thread.join(timeout=30)
         self.flush(seal=True)
-
-
-def _to_batch(table: Table, rows: list[tuple[Any, ...]]) -> pa.RecordBatch:
-    """The rows (tuples in column order) as one batch, converted by Arrow in one pass."""
-    return pa.RecordBatch.from_struct_array(pa.array(rows, type=table.row_type))

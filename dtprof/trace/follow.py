@@ -1,11 +1,11 @@
 """Follow a trace that a running job is writing: each poll reads only rows not read before.
 
 Per rank and table a cursor remembers the first segment not yet read to its end, how many of
-its rows were read, and, while it is a live Arrow IPC stream, the byte offset just after its
-last complete record batch. A poll reads on from there: new whole batches of the growing
-stream (a batch still being written is left for the next poll), then any later segments.
-When the job seals the stream (``_live-N.arrows`` renamed into ``part-N.parquet``, which holds
-exactly the stream's rows), the part is read once and the rows already taken are skipped.
+its rows were read, and, while it is live (dtprof.trace.live), the byte offset just after its
+last whole frame. A poll reads on from there: new whole frames of the growing segment (a frame
+still being written is left for the next poll), then any later segments. When the job seals
+the segment (``_live-N.msgpack`` rewritten as ``part-N.parquet``, which holds exactly its
+rows), the part is read once and the rows already taken are skipped.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from dtprof.errors import DtprofError
+from dtprof.trace import live
 from dtprof.trace.meta import InflightOp, RankMeta
 from dtprof.trace.reader import (
     clock_params,
@@ -42,8 +43,7 @@ class Cursor:
 
     segment: int = 0  # first segment not read to its end
     rows: int = 0  # rows of that segment already read
-    offset: int = 0  # byte offset after its last complete batch (live streams), 0: not opened
-    schema: pa.Schema | None = None  # the live stream's schema, read with its first message
+    offset: int = 0  # byte offset after its last whole frame (live segments), 0: not opened
 
 
 @dataclass
@@ -174,25 +174,25 @@ def read_new(folder: Path, table: Table, cursor: Cursor) -> tuple[pa.Table, Curs
     except FileNotFoundError:
         return table.empty, cursor, 0
     sealed = _numbers(names, SEALED_PREFIX, ".parquet")
-    live = _numbers(names, LIVE_PREFIX, ".arrows")
+    unsealed = _numbers(names, LIVE_PREFIX, live.SUFFIX)
     pieces: list[pa.Table] = []
     nbytes = 0
     while True:
         number = cursor.segment
         part = tdir / f"{SEALED_PREFIX}{number:06d}.parquet"
-        stream = tdir / f"{LIVE_PREFIX}{number:06d}.arrows"
-        if number in sealed or (number in live and not stream.exists() and part.exists()):
+        segment = tdir / live.segment_name(number)
+        if number in sealed or (number in unsealed and not segment.exists() and part.exists()):
             pieces.append(_read_part(part, table).slice(cursor.rows))
             nbytes += part.stat().st_size
             cursor = Cursor(segment=number + 1)
             continue
-        if number not in live:
+        if number not in unsealed:
             break
-        cursor = Cursor(cursor.segment, cursor.rows, cursor.offset, cursor.schema)
-        rows, n = _read_stream(stream, table, cursor)
+        cursor = Cursor(cursor.segment, cursor.rows, cursor.offset)
+        rows, n = _read_live(segment, table, cursor)
         pieces.append(rows)
         nbytes += n
-        if not any(k > number for k in sealed | live):
+        if not any(k > number for k in sealed | unsealed):
             break  # the open segment: it may grow, read on from here next time
         cursor = Cursor(segment=number + 1)
     pieces = [p for p in pieces if p.num_rows]
@@ -203,20 +203,20 @@ def read_window(folder: Path, table: Table, first: int | None, last: int | None)
     """One table's rows with first <= step < last (either end open), as on disk.
 
     Row groups of sealed parts whose step statistics miss the window are not read; live
-    streams are read whole and filtered."""
+    segments are read whole and filtered."""
     tdir = folder / table.name
     try:
         names = os.listdir(tdir)
     except FileNotFoundError:
         return table.empty
     sealed = _numbers(names, SEALED_PREFIX, ".parquet")
-    live = _numbers(names, LIVE_PREFIX, ".arrows")
+    unsealed = _numbers(names, LIVE_PREFIX, live.SUFFIX)
     pieces = []
-    for number in sorted(sealed | live):
+    for number in sorted(sealed | unsealed):
         part = tdir / f"{SEALED_PREFIX}{number:06d}.parquet"
         rows = None
         if number not in sealed:
-            rows, _ = _read_stream(tdir / f"{LIVE_PREFIX}{number:06d}.arrows", table, Cursor())
+            rows, _ = _read_live(tdir / live.segment_name(number), table, Cursor())
         if rows is None or (not rows.num_rows and part.exists()):  # sealed meanwhile
             rows = _read_groups(part, table, first, last) if part.exists() else None
         if rows is not None and rows.num_rows:
@@ -251,28 +251,17 @@ def _read_groups(path: Path, table: Table, first: int | None, last: int | None) 
     return conform_table(path, data, table)
 
 
-def _read_stream(path: Path, table: Table, cursor: Cursor) -> tuple[pa.Table, int]:
-    """Whole record batches after ``cursor.offset`` and the bytes they took; advances the
-    cursor past them."""
-    batches = []
-    began = cursor.offset
+def _read_live(path: Path, table: Table, cursor: Cursor) -> tuple[pa.Table, int]:
+    """The whole frames of a live segment after ``cursor.offset`` and the bytes they took;
+    advances the cursor past them. No rows when the segment was sealed meanwhile."""
     try:
-        with pa.OSFile(str(path), "rb") as source:
-            if cursor.schema is None:
-                cursor.schema = pa.ipc.read_schema(pa.ipc.read_message(source))
-                cursor.offset = began = source.tell()
-            source.seek(cursor.offset)
-            while True:
-                message = pa.ipc.read_message(source)
-                batches.append(pa.ipc.read_record_batch(message, cursor.schema))
-                cursor.offset = source.tell()
-    except (EOFError, OSError, pa.ArrowException):
-        pass  # the end so far, a batch still being written, or a stream sealed meanwhile
-    cursor.rows += sum(b.num_rows for b in batches)
-    nbytes = cursor.offset - began
-    if not batches or cursor.schema is None:
-        return table.empty, nbytes
-    return conform_table(path, pa.Table.from_batches(batches, schema=cursor.schema), table), nbytes
+        rows, offset = live.read(path, table, cursor.offset)
+    except FileNotFoundError:
+        return table.empty, 0
+    nbytes = max(0, offset - cursor.offset)
+    cursor.offset = offset
+    cursor.rows += rows.num_rows
+    return rows, nbytes
 
 
 def _read_part(path: Path, table: Table) -> pa.Table:

@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from dtprof.errors import DtprofError
+from dtprof.trace import live
 from dtprof.trace.meta import ClockParams, InflightOp, RankMeta, as_dict, decode
 from dtprof.trace.schema import (
     INFLIGHT_FILE,
@@ -139,30 +140,30 @@ def read_meta(folder: Path) -> RankMeta:
 
 
 def read_table(folder: Path, table: Table) -> pa.Table:
-    """One rank's table: sealed Parquet parts plus the open segment's complete batches."""
+    """One rank's table: sealed Parquet parts plus the open segment's whole frames."""
     tdir = folder / table.name
     pieces: list[pa.Table] = []
     if not tdir.is_dir():
         return table.empty
     sealed: dict[int, Path] = {}
-    live: dict[int, Path] = {}
+    unsealed: dict[int, Path] = {}
     for entry in list(os.scandir(tdir)):
         name = entry.name
         if name.startswith((SEALED_PREFIX, LIVE_PREFIX)) and not entry.is_file():
             raise DtprofError(f"{entry.path}: not a regular file")
         if name.startswith(SEALED_PREFIX) and name.endswith(".parquet"):
             sealed[_segment_number(entry.path, name, SEALED_PREFIX)] = Path(entry.path)
-        elif name.startswith(LIVE_PREFIX) and name.endswith(".arrows"):
-            live[_segment_number(entry.path, name, LIVE_PREFIX)] = Path(entry.path)
-    for number in sorted(set(sealed) | set(live)):
-        if number in sealed:  # a sealed part wins over a stream left by a crash mid-seal
+        elif name.startswith(LIVE_PREFIX) and name.endswith(live.SUFFIX):
+            unsealed[_segment_number(entry.path, name, LIVE_PREFIX)] = Path(entry.path)
+    for number in sorted(set(sealed) | set(unsealed)):
+        if number in sealed:  # a sealed part wins over a segment left by a crash mid-seal
             pieces.append(_read_parquet(sealed[number], table))
             continue
-        stream = _read_stream(live[number], table)
-        if stream is None:  # sealed by the running job since the folder was listed
+        rows = _read_live(unsealed[number], table)
+        if rows is None:  # sealed by the running job since the folder was listed
             part = tdir / f"{SEALED_PREFIX}{number:06d}.parquet"
-            stream = _read_parquet(part, table) if part.exists() else table.empty
-        pieces.append(stream)
+            rows = _read_parquet(part, table) if part.exists() else table.empty
+        pieces.append(rows)
     if not pieces:
         return table.empty
     return pa.concat_tables(pieces)
@@ -186,26 +187,15 @@ def _read_parquet(path: Path, table: Table) -> pa.Table:
     return conform_table(path, data, table)
 
 
-def _read_stream(path: Path, table: Table) -> pa.Table | None:
-    """Every complete record batch of an Arrow IPC stream; a torn last batch is dropped.
-
-    None when the stream is gone (sealed in the meantime)."""
-    batches = []
+def _read_live(path: Path, table: Table) -> pa.Table | None:
+    """Every whole frame of a live segment (a torn last one is left); None when the segment
+    is gone (sealed in the meantime)."""
     try:
-        with pa.OSFile(str(path), "rb") as source:
-            reader = pa.ipc.open_stream(source)
-            while True:
-                try:
-                    batches.append(reader.read_next_batch())
-                except StopIteration:
-                    break
-                except (OSError, pa.ArrowException):
-                    break  # written up to a crash: keep what is whole
+        return live.read(path, table)[0]
     except FileNotFoundError:
         return None
-    except (OSError, pa.ArrowException):
-        return table.empty  # killed before the stream's schema was written
-    return conform_table(path, pa.Table.from_batches(batches, schema=table.schema), table)
+    except OSError as exc:
+        raise DtprofError(f"{path}: not readable ({exc})") from None
 
 
 def conform_table(path: Path, data: pa.Table, table: Table) -> pa.Table:

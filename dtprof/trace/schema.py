@@ -7,7 +7,7 @@ A trace is one directory per run with one hive-style sub-directory per rank::
         meta.json                  rank metadata (JSON, rewritten atomically)
         inflight.json              collectives in flight at the last flush
         steps/part-000000.parquet  sealed segments, renamed into place
-        steps/_live-000001.arrows  the open segment: an Arrow IPC stream, appended
+        steps/_live-000001.msgpack the open segment: frames of columns, appended (live.py)
         spans/ collectives/ ...
 
 On disk, times are the rank's own monotonic clock in nanoseconds; ``meta.json`` holds what

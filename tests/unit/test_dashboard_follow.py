@@ -1,18 +1,18 @@
-"""TraceFollower: each poll reads only what is new, across growing streams and seals."""
+"""TraceFollower: each poll reads only what is new, across growing segments and seals."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pandas as pd
-import pyarrow as pa
 import pytest
 
 from dtprof.errors import DtprofError
 from dtprof.record.writer import TraceWriter, write_json_atomic
+from dtprof.trace import live
 from dtprof.trace.follow import TraceFollower
 from dtprof.trace.reader import load_trace
-from dtprof.trace.schema import META_FILE, TABLES, rank_dir_name
+from dtprof.trace.schema import META_FILE, rank_dir_name
 from tests.tracebuild import rank_meta
 
 
@@ -34,7 +34,7 @@ def _new_steps(follower: TraceFollower) -> list[int]:
     ]
 
 
-def test_reads_only_new_rows_of_a_growing_stream(tmp_path: Path) -> None:
+def test_reads_only_new_rows_of_a_growing_segment(tmp_path: Path) -> None:
     w0, w1 = _writer(tmp_path, 0), _writer(tmp_path, 1)
     _steps(w0, 0, 3)
     _steps(w1, 0, 2)
@@ -54,7 +54,7 @@ def test_reads_only_new_rows_of_a_growing_stream(tmp_path: Path) -> None:
     second = follower.poll()
     assert list(second.tables) == [0]
     assert second.tables[0]["steps"]["step"].to_pylist() == [3, 4]
-    assert follower.bytes_read - read < 1000  # one small batch, not the stream again
+    assert follower.bytes_read - read < 1000  # one small frame, not the segment again
 
 
 def test_seal_rename_and_next_segment(tmp_path: Path) -> None:
@@ -64,35 +64,31 @@ def test_seal_rename_and_next_segment(tmp_path: Path) -> None:
     follower = TraceFollower(tmp_path)
     assert follower.poll().tables[0]["steps"].num_rows == 4
     _steps(w0, 4, 2)
-    w0.flush(seal=True)  # the stream gets two more rows, then becomes part-000000.parquet
+    w0.flush(seal=True)  # the segment gets two more rows, then becomes part-000000.parquet
     assert not list((tmp_path / "rank=00000" / "steps").glob("_live-*"))
     assert _new_steps(follower) == [4, 5]
     _steps(w0, 6, 1)
-    w0.flush()  # opens _live-000001.arrows
+    w0.flush()  # opens _live-000001.msgpack
     assert _new_steps(follower) == [6]
     assert follower.poll().empty
 
 
-def test_torn_batch_is_read_once_whole(tmp_path: Path) -> None:
+@pytest.mark.parametrize("cut", [2, 9])  # inside the frame's length, inside its columns
+def test_torn_frame_is_read_once_whole(tmp_path: Path, cut: int) -> None:
     w0 = _writer(tmp_path, 0, world=1)
     _steps(w0, 0, 1)
     w0.flush()
     follower = TraceFollower(tmp_path)
     assert _new_steps(follower) == [0]
 
-    # the bytes of one more record batch, appended in two halves as a slow write would
-    schema = TABLES["steps"].schema
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, schema) as stream:
-        stream.write_batch(pa.record_batch([[7], [70], [80]], schema=schema))
-    header = len(schema.serialize())  # the schema message, as the stream begins
-    batch = sink.getvalue().to_pybytes()[header:-8]  # without the end-of-stream marker
-    live = tmp_path / "rank=00000" / "steps" / "_live-000000.arrows"
-    with open(live, "ab") as f:
-        f.write(batch[: len(batch) // 2])
+    # the bytes of one more frame, appended in two pieces as a slow write would
+    frame = live.rows_frame([(7, 70, 80)])
+    segment = tmp_path / "rank=00000" / "steps" / "_live-000000.msgpack"
+    with open(segment, "ab") as f:
+        f.write(frame[:cut])
     assert _new_steps(follower) == []
-    with open(live, "ab") as f:
-        f.write(batch[len(batch) // 2 :])
+    with open(segment, "ab") as f:
+        f.write(frame[cut:])
     assert _new_steps(follower) == [7]
 
 

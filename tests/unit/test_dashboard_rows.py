@@ -83,7 +83,7 @@ def test_read_window_skips_row_groups_outside_the_steps(
     assert read_window(tmp_path / "nope", TABLES["spans"], 0, 1).num_rows == 0
 
 
-def test_read_window_reads_a_live_stream(tmp_path: Path) -> None:
+def test_read_window_reads_a_live_segment(tmp_path: Path) -> None:
     folder = tmp_path / rank_dir_name(0)
     folder.mkdir(parents=True)
     write_json_atomic(folder / META_FILE, rank_meta(0, 1, status="running"))

@@ -20,6 +20,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from dtprof.cli import main
+from dtprof.trace import live
+from dtprof.trace.schema import STEPS
 from tests import kinetobuild
 from tests.tracebuild import fr_entry
 
@@ -89,10 +91,10 @@ def truncated_part(t: Path) -> Path:
 def truncated_live_stream(t: Path) -> Path:
     part = _part(_dtprof(t), "steps")
     data = pq.read_table(part)
-    live = part.with_name("_live-000001.arrows")
-    with pa.OSFile(str(live), "wb") as sink, pa.ipc.new_stream(sink, data.schema) as w:
-        w.write_table(data)
-    live.write_bytes(live.read_bytes()[:-40])  # torn last batch, as a kill leaves it
+    segment = part.with_name(live.segment_name(1))
+    rows = list(zip(*data.to_pydict().values(), strict=True))
+    frames = live.header(STEPS) + live.rows_frame(rows[:5]) + live.rows_frame(rows[5:])
+    segment.write_bytes(frames[:-10])  # torn last frame, as a kill leaves it
     return t
 
 

@@ -68,7 +68,7 @@ def test_ranks_table_and_nullable_integer_columns(tmp_path: Path) -> None:
     assert trace.groups.to_dict("records") == [{"group": "0", "backend": "gloo", "ranks": [0, 1]}]
 
 
-def test_live_streams_are_read_like_sealed_parts(tmp_path: Path) -> None:
+def test_live_segments_are_read_like_sealed_parts(tmp_path: Path) -> None:
     write_rank(tmp_path, rank_meta(0, 1), {"steps": [(0, 0, 10), (1, 10, 20)]}, seal=False)
     assert list(load_trace(tmp_path).steps["step"]) == [0, 1]
 

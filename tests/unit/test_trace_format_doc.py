@@ -21,6 +21,7 @@ import pytest
 
 import dtprof
 from dtprof.record.writer import TraceWriter, write_json_atomic
+from dtprof.trace import live
 from dtprof.trace.meta import InflightOp, RankMeta, decode, encode
 from dtprof.trace.reader import read_table
 from dtprof.trace.schema import (
@@ -211,7 +212,7 @@ OFFSETS = {
     2: ((2_000_000, 900_000), (2_500_000, 300_000)),
 }
 RANKS = sorted(OFFSETS)
-SEALED_STEPS = 3  # steps 0..2 sealed; step 3 only in the live stream
+SEALED_STEPS = 3  # steps 0..2 sealed; step 3 only in the live segment
 
 
 def _rows(rank: int, step: int) -> dict[str, list[tuple[Any, ...]]]:
@@ -240,7 +241,7 @@ def _rows(rank: int, step: int) -> dict[str, list[tuple[Any, ...]]]:
 
 
 def write_trace(root: Path) -> None:
-    """Three ranks: steps 0..2 sealed, step 3 in the live streams; meta from the doc's example."""
+    """Three ranks: steps 0..2 sealed, step 3 in the live segments; meta from the doc's example."""
     meta_example = json.loads(code_blocks(section(DOC, "meta.json"))[0][1])
     for rank in RANKS:
         folder = root / rank_dir_name(rank)
@@ -390,15 +391,14 @@ def test_crash_leftovers_read_as_documented(tmp_path: Path) -> None:
     writer = TraceWriter(folder)
     writer.buffers["steps"].extend([(0, 1, 2), (1, 2, 3)])
     writer.flush(seal=True)  # part-000000: steps 0, 1
-    stale = pa.RecordBatch.from_pylist([{"step": 9, "start_ns": 9, "end_ns": 9}], STEPS.schema)
-    with pa.OSFile(str(folder / "steps" / "_live-000000.arrows"), "wb") as sink:
-        pa.ipc.new_stream(sink, STEPS.schema).write_batch(stale)  # left by a crash mid-seal
+    stale = live.header(STEPS) + live.rows_frame([(9, 9, 9)])
+    (folder / "steps" / "_live-000000.msgpack").write_bytes(stale)  # left by a crash mid-seal
     writer.buffers["steps"].append((2, 3, 4))
     writer.flush()
     writer.buffers["steps"].append((3, 4, 5))
     writer.flush()
-    live = folder / "steps" / "_live-000001.arrows"
-    live.write_bytes(live.read_bytes()[:-12])  # the second batch torn by a kill
+    segment = folder / "steps" / "_live-000001.msgpack"
+    segment.write_bytes(segment.read_bytes()[:-3])  # the second frame torn by a kill
     (folder / "steps" / ".part-000001.parquet.tmp").write_bytes(b"half a parquet file")
     meta = json.loads(code_blocks(section(DOC, "meta.json"))[0][1])
     write_json_atomic(folder / META_FILE, dict(meta, rank=0, world_size=1))

@@ -1,4 +1,4 @@
-"""The writer's segments: live Arrow streams, sealing to Parquet, torn tails, failures."""
+"""The writer's segments: live frames of columns, sealing to Parquet, torn tails, failures."""
 
 from __future__ import annotations
 
@@ -19,18 +19,18 @@ def _steps(writer: TraceWriter, first: int, n: int) -> None:
         writer.buffers["steps"].append((s, 1000 * s, 1000 * s + 500))
 
 
-def test_flush_appends_to_a_live_stream_readable_before_close(tmp_path: Path) -> None:
+def test_flush_appends_to_a_live_segment_readable_before_close(tmp_path: Path) -> None:
     w = TraceWriter(tmp_path)
     _steps(w, 0, 3)
     w.flush()
     _steps(w, 3, 2)
     w.flush()
-    assert [p.name for p in (tmp_path / "steps").iterdir()] == ["_live-000000.arrows"]
+    assert [p.name for p in (tmp_path / "steps").iterdir()] == ["_live-000000.msgpack"]
     assert read_table(tmp_path, STEPS).column("step").to_pylist() == [0, 1, 2, 3, 4]
     assert w.batches_written == 2
 
 
-def test_close_seals_parquet_and_removes_the_stream(tmp_path: Path) -> None:
+def test_close_seals_parquet_and_removes_the_segment(tmp_path: Path) -> None:
     w = TraceWriter(tmp_path)
     _steps(w, 0, 4)
     w.close()
@@ -71,7 +71,7 @@ def test_segments_roll_over_at_seal_rows(tmp_path: Path) -> None:
     w.flush()
     names = sorted(p.name for p in (tmp_path / "steps").iterdir())
     assert names == [
-        "_live-000003.arrows",
+        "_live-000003.msgpack",
         "part-000000.parquet",
         "part-000001.parquet",
         "part-000002.parquet",
@@ -85,17 +85,17 @@ def test_a_torn_last_batch_is_dropped_and_the_rest_kept(tmp_path: Path) -> None:
     w.flush()
     _steps(w, 3, 3)
     w.flush()
-    live = tmp_path / "steps" / "_live-000000.arrows"
+    live = tmp_path / "steps" / "_live-000000.msgpack"
     data = live.read_bytes()
-    live.write_bytes(data[:-40])  # a SIGKILL in the middle of the second batch
+    live.write_bytes(data[:-10])  # a SIGKILL in the middle of the second frame
     assert read_table(tmp_path, STEPS).column("step").to_pylist() == [0, 1, 2]
 
 
-def test_a_sealed_part_wins_over_a_stream_left_by_a_crash_mid_seal(tmp_path: Path) -> None:
+def test_a_sealed_part_wins_over_a_segment_left_by_a_crash_mid_seal(tmp_path: Path) -> None:
     w = TraceWriter(tmp_path)
     _steps(w, 0, 2)
     w.flush()
-    live = tmp_path / "steps" / "_live-000000.arrows"
+    live = tmp_path / "steps" / "_live-000000.msgpack"
     leftover = live.read_bytes()
     w.close()
     live.write_bytes(leftover)  # the crash happened after the rename, before the unlink

@@ -1,0 +1,98 @@
+"""Live segments (dtprof.trace.live): frames of columns, read whole, torn tails left, bad
+files named."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from dtprof.errors import DtprofError
+from dtprof.trace import live
+from dtprof.trace.schema import COLLECTIVES, STEPS
+
+ROWS = [
+    (0, "0", 1, "all_reduce", 4096, "float32", None, 10, 20, True, "ddp.bucket0"),
+    (0, "0", 2, "send", 8, "int64", 3, 30, 45, False, None),
+    (1, "0", 3, "all_reduce", 4096, "float32", None, 50, 70, True, "ddp.bucket0"),
+]
+
+
+def _segment(tmp_path: Path, data: bytes) -> Path:
+    path = tmp_path / live.segment_name(0)
+    path.write_bytes(data)
+    return path
+
+
+def test_rows_come_back_as_written_with_their_types_and_nulls(tmp_path: Path) -> None:
+    data = live.header(COLLECTIVES) + live.rows_frame(ROWS[:2]) + live.rows_frame(ROWS[2:])
+    rows, offset = live.read(_segment(tmp_path, data), COLLECTIVES)
+    assert rows.schema.equals(COLLECTIVES.schema)
+    assert [tuple(r.values()) for r in rows.to_pylist()] == ROWS
+    assert offset == len(data)
+
+
+def test_reading_on_from_an_offset_takes_only_later_frames(tmp_path: Path) -> None:
+    first = live.header(STEPS) + live.rows_frame([(0, 1, 2)])
+    path = _segment(tmp_path, first + live.rows_frame([(1, 2, 3), (2, 3, 4)]))
+    rows, offset = live.read(path, STEPS, len(first))
+    assert rows.column("step").to_pylist() == [1, 2]
+    assert live.read(path, STEPS, offset)[0].num_rows == 0
+
+
+def test_columns_are_taken_by_name_from_the_header(tmp_path: Path) -> None:
+    header = live.frame({"columns": ["end_ns", "extra", "step", "start_ns"]})
+    body = live.frame([[20, 40], ["x", "y"], [0, 1], [10, 30]])
+    rows, _ = live.read(_segment(tmp_path, header + body), STEPS)
+    assert rows.to_pylist() == [
+        {"step": 0, "start_ns": 10, "end_ns": 20},
+        {"step": 1, "start_ns": 30, "end_ns": 40},
+    ]
+
+
+@pytest.mark.parametrize("cut", [1, 3, 4, 7])
+def test_a_torn_last_frame_is_left_and_a_torn_header_reads_empty(tmp_path: Path, cut: int) -> None:
+    whole = live.header(STEPS) + live.rows_frame([(0, 1, 2)])
+    last = live.rows_frame([(1, 2, 3)])
+    rows, offset = live.read(_segment(tmp_path, whole + last[:cut]), STEPS)
+    assert rows.column("step").to_pylist() == [0] and offset == len(whole)
+    header = live.header(STEPS)
+    rows, offset = live.read(_segment(tmp_path, header[: len(header) - cut]), STEPS)
+    assert rows.num_rows == 0 and offset == 0
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (live.frame([1, 2]), "not a dtprof live segment"),
+        (live.frame({"columns": ["step", "start_ns"]}), "lacks column(s) end_ns"),
+        (live.header(STEPS) + b"\x03\x00\x00\x00\xc1\xc1\xc1", "a frame is not MessagePack"),
+        (live.header(STEPS) + live.frame([[0], [1]]), "not a set of equally long columns"),
+        (live.header(STEPS) + live.frame([[0, 1], [1], [2]]), "not a set of equally long columns"),
+        (live.header(STEPS) + live.frame({"step": 0}), "not a set of equally long columns"),
+        (live.header(STEPS) + live.frame([["a"], [1], [2]]), "values do not match table steps"),
+        (live.header(STEPS) + live.frame([[2**63], [1], [2]]), "values do not match table steps"),
+    ],
+)
+def test_a_bad_segment_is_named_in_one_line(tmp_path: Path, data: bytes, message: str) -> None:
+    path = _segment(tmp_path, data)
+    with pytest.raises(DtprofError) as err:
+        live.read(path, STEPS)
+    assert str(err.value).startswith(f"{path}: ") and message in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_a_frame_is_one_length_and_messagepack(tmp_path: Path) -> None:
+    frame = live.rows_frame([(0, 1, 2), (1, 3, 4)])
+    assert int.from_bytes(frame[:4], "little") == len(frame) - 4
+    assert msgspec.msgpack.decode(frame[4:]) == [[0, 1], [1, 3], [2, 4]]
+
+
+def test_numpy_scalars_are_written_as_the_numbers_they_hold(tmp_path: Path) -> None:
+    import numpy as np
+
+    data = live.header(STEPS) + live.rows_frame([(np.int64(3), np.int32(4), 5)])
+    assert live.read(_segment(tmp_path, data), STEPS)[0].to_pylist() == [
+        {"step": 3, "start_ns": 4, "end_ns": 5}
+    ]
