@@ -147,7 +147,9 @@ class NativeBuckets:
         self.recorder = recorder
         self.native = native
         self.ops = native.ops
+        self.take = native.take_buckets
         self.enabled = True
+        self.in_flight = 0  # records in flight at the last sync
         self.names: dict[int, str] = {}  # slot -> group name
         self._buckets: dict[int, list[int]] = {}  # slot -> [graph task, next bucket index]
         self._labels: dict[int, str] = {}  # record id -> label, given in launch order
@@ -185,7 +187,7 @@ class NativeBuckets:
         self.ops.uninstall()
         deadline = comms.now_ns() + int(timeout_s * 1e9)
         self.sync()
-        while self.ops.pending().shape[0] and comms.now_ns() < deadline:
+        while self.in_flight and comms.now_ns() < deadline:
             time.sleep(0.005)
             self.sync()  # a bucket timed on the GPU is done once drained
         if self._gpu is not None:
@@ -200,13 +202,12 @@ class NativeBuckets:
         if not self.enabled:
             return
         try:
-            failure = str(self.ops.failed())
-            if failure:
-                raise RuntimeError(failure)
             if self._gpu is not None and comms.now_ns() > self._next_anchor_ns:
                 self._anchor()
-            done = self.ops.drain().tolist()
-            pending = self.ops.pending().tolist()
+            failure, done, pending = self.take()
+            if failure:
+                raise RuntimeError(failure)
+            self.in_flight = len(pending)
             self._label(done, pending)
             rec = self.recorder
             for row in done:
@@ -230,7 +231,7 @@ class NativeBuckets:
         if timer is not None:
             timer.anchor_error_ns = max(timer.anchor_error_ns, error)
 
-    def _gpu_rows(self, done: list[list[int]]) -> None:
+    def _gpu_rows(self, done: list[tuple[int, ...]]) -> None:
         """The GPU's times of the drained buckets that have them, into gpu_spans."""
         prof = self.recorder.prof
         timed = 0
@@ -248,14 +249,15 @@ class NativeBuckets:
             timer.timed += timed
             timer.dropped_native = int(self.ops.gpu_dropped())
 
-    def _label(self, done: list[list[int]], pending: list[list[int]]) -> None:
-        """Labels in launch order (record ids), for ids not seen before."""
-        fresh = sorted((r for r in done + pending if r[0] > self._seen), key=lambda r: r[0])
+    def _label(self, done: list[tuple[int, ...]], pending: list[tuple[int, ...]]) -> None:
+        """Labels in launch order (record ids, each row's first field), for ids not seen
+        before."""
+        fresh = sorted(r for r in done + pending if r[0] > self._seen)
         for rid, slot, _seq, _step, _s, _e, _n, _d, floating, task, _err, _gs, _ge in fresh:
             self._labels[rid] = bucket_label(self._buckets[slot], bool(floating), task)
             self._seen = rid
 
-    def _row(self, row: list[int], end: int | None = None) -> tuple[Any, ...]:
+    def _row(self, row: tuple[int, ...], end: int | None = None) -> tuple[Any, ...]:
         """A collectives row (with ``end``), or an in-flight record (without)."""
         rid, slot, seq, step, start, _end, nbytes, dtype, _f, _task, error = row[:11]
         label = self._labels.pop(rid, None) if end is not None else self._labels.get(rid)

@@ -222,19 +222,16 @@ def test_parameters_on_another_device_are_left_to_the_comm_hook() -> None:
 
 
 class _FakeOps:
-    """The native library's draining operators, fed by the test."""
+    """The native library's take_buckets builtin and operators, fed by the test."""
 
     def __init__(self) -> None:
-        self.done: list[list[int]] = []
-        self.pending_rows: list[list[int]] = []
+        self.done: list[tuple[int, ...]] = []
+        self.pending_rows: list[tuple[int, ...]] = []
         self.failure = ""
 
-    def drain(self) -> torch.Tensor:
+    def take(self) -> tuple[str, list[tuple[int, ...]], list[tuple[int, ...]]]:
         rows, self.done = self.done, []
-        return torch.tensor(rows, dtype=torch.int64).reshape(-1, 13)
-
-    def pending(self) -> torch.Tensor:
-        return torch.tensor(self.pending_rows, dtype=torch.int64).reshape(-1, 13)
+        return self.failure, rows, list(self.pending_rows)
 
     def anchor(self, device: int) -> int:
         self.anchors = getattr(self, "anchors", 0) + 1
@@ -242,9 +239,6 @@ class _FakeOps:
 
     def gpu_dropped(self) -> int:
         return 3
-
-    def failed(self) -> str:
-        return self.failure
 
     def uninstall(self) -> None:
         pass
@@ -265,15 +259,19 @@ class _FakeRecorder:
 
 def _row(
     rid: int, seq: int, task: int, floating: int = 1, end: int = -1, error: int = 0, gpu: int = -1
-) -> list:
+) -> tuple[int, ...]:
     # id, slot, seq, step, start, end, bytes, dtype, floating, graph task, error, GPU start, end
     gpu_end = gpu + 500 if gpu >= 0 else -1
-    return [rid, 0, seq, 7, 1000 + rid, end, 64, 6, floating, task, error, gpu, gpu_end]
+    return (rid, 0, seq, 7, 1000 + rid, end, 64, 6, floating, task, error, gpu, gpu_end)
 
 
 def test_native_records_become_rows_in_flight_first_and_labelled_in_launch_order() -> None:
     ops, recorder = _FakeOps(), _FakeRecorder()
-    native = type("N", (), {"ops": ops, "dtype_name": staticmethod(lambda code: "float32")})()
+    native = type(
+        "N",
+        (),
+        {"ops": ops, "take_buckets": ops.take, "dtype_name": staticmethod(lambda c: "float32")},
+    )()
     watch = NativeBuckets(recorder, native)  # type: ignore[arg-type]
     watch.names[0], watch._buckets[0] = "0", [-2, 0]
     # tick 1: bucket 0 of backward pass 5 done, bucket 1 still in flight
@@ -353,7 +351,11 @@ def test_the_kernel_is_built_at_its_first_use_and_a_failed_build_is_not_tried_ag
 def test_native_buckets_timed_on_the_gpu_become_gpu_spans_rows() -> None:
     ops, recorder = _FakeOps(), _FakeRecorder()
     recorder.gpu_timer = SimpleNamespace(timed=0, dropped_native=0, anchor_error_ns=10)
-    native = type("N", (), {"ops": ops, "dtype_name": staticmethod(lambda code: "float32")})()
+    native = type(
+        "N",
+        (),
+        {"ops": ops, "take_buckets": ops.take, "dtype_name": staticmethod(lambda c: "float32")},
+    )()
     watch = NativeBuckets(recorder, native)  # type: ignore[arg-type]
     watch.names[0], watch._buckets[0] = "0", [-2, 0]
     watch._gpu = 0  # as watch() sets it for a model on cuda:0

@@ -186,6 +186,9 @@ class Native:
         self.ops = ops
         self.lib = ctypes.PyDLL(str(path))
         self.now = ops.now
+        self.lib.dtprof_bucket_taker.restype = ctypes.py_object
+        # take_buckets() -> (failure, completed records, records in flight): buckets.cpp
+        self.take_buckets = self.lib.dtprof_bucket_taker()
         self.lib.dtprof_scalar_reader.restype = ctypes.py_object
         # read_scalar(tensor): tensor.item(), read from memory where it is a plain CPU scalar
         self.read_scalar = self.lib.dtprof_scalar_reader()

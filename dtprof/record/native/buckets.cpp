@@ -6,7 +6,9 @@
 // notes the time, passes the call below autograd unchanged, and, for calls on a watched
 // process group that did not come through dtprof's wrapped Python API, keeps a record whose
 // end a callback on the operation's future fills in (on the backend's thread, with no GIL to
-// wait for). Python drains the records from dtprof's writer thread.
+// wait for). Python takes the records on dtprof's writer thread, through a plain builtin
+// (take_buckets, made by dtprof_bucket_taker()): a torch operator per tick, and a tensor of
+// the rows converted to lists, cost several times more.
 //
 // Shared with Python through plain memory (ctypes), so that neither side calls the other on
 // the hot path: the step in progress, one sequence counter per watched group (Python's
@@ -23,12 +25,14 @@
 // end is an event recorded in the future's callback (run on a stream made to wait for the
 // operation's end). An event there costs a GPU-bound step about 1% with DDP's buckets on NCCL
 // (docs/gpu.md); NCCL's own events cost nothing measurable. Such a record stays in flight until
-// drain() finds that the GPU has passed its end; it then gets the GPU's times on the host's
+// take_buckets() finds that the GPU has passed its end; it then gets the GPU's times on the host's
 // clock, through an anchor: an event recorded on an idle stream and waited for by anchor(),
 // whose host time is known to within half that wait. These are c10::Events, device-generic:
 // nothing here needs CUDA's headers, and a CPU build of torch never makes one. What
 // dtprof/record/gpu_timing.py does in Python for the other intervals. A call launched into a
 // CUDA graph's capture is recorded on the host alone (capturing()).
+
+#include <Python.h>
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/Event.h>
@@ -185,11 +189,11 @@ void completed(int64_t id, bool error, std::optional<c10::Device> gpu) {
   it->second.error = error ? 1 : 0;
   auto t = timed.find(id);
   if (t != timed.end()) {
-    if (end_event) {  // in flight until the GPU has passed it: drain() finishes it
+    if (end_event) {  // in flight until the GPU has passed it: take_buckets() finishes it
       t->second.end.emplace(std::move(*end_event));
       return;
     }
-    if (t->second.work && !error) {  // timed by NCCL: drain() finishes it
+    if (t->second.work && !error) {  // timed by NCCL: take_buckets() finishes it
       return;
     }
     if (t->second.start) {
@@ -315,16 +319,6 @@ void kernel(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit:
   } catch (const std::exception& e) {
     fail(std::string("following the operation: ") + e.what());
   }
-}
-
-at::Tensor as_tensor(const std::vector<Record>& records) {
-  auto out = at::empty({static_cast<int64_t>(records.size()), kFields},
-                       at::TensorOptions().dtype(at::kLong));
-  static_assert(sizeof(Record) == kFields * sizeof(int64_t), "Record is kFields int64s");
-  if (!records.empty()) {
-    std::memcpy(out.data_ptr<int64_t>(), records.data(), records.size() * sizeof(Record));
-  }
-  return out;
 }
 
 void install() {
@@ -541,8 +535,38 @@ void uninstall() {
   watched.clear();  // the groups' references
 }
 
-at::Tensor drain() {
-  std::vector<Record> out;
+// a list of tuples, one per record (a new reference; nullptr with a Python error set)
+PyObject* as_rows(const std::vector<Record>& records) {
+  static_assert(sizeof(Record) == kFields * sizeof(int64_t), "Record is kFields int64s");
+  PyObject* rows = PyList_New(static_cast<Py_ssize_t>(records.size()));
+  for (size_t i = 0; rows != nullptr && i < records.size(); ++i) {
+    const auto* field = reinterpret_cast<const int64_t*>(&records[i]);
+    PyObject* row = PyTuple_New(kFields);
+    for (int64_t j = 0; row != nullptr && j < kFields; ++j) {
+      PyObject* value = PyLong_FromLongLong(field[j]);
+      if (value == nullptr) {
+        Py_CLEAR(row);
+        break;
+      }
+      PyTuple_SET_ITEM(row, j, value);
+    }
+    if (row == nullptr) {
+      Py_CLEAR(rows);
+      break;
+    }
+    PyList_SET_ITEM(rows, static_cast<Py_ssize_t>(i), row);
+  }
+  return rows;
+}
+
+// take_buckets() -> (failure, done, in_flight): the library's failure ("" if none), the
+// records completed since the last take and those still in flight (tuples of the Record's
+// fields, in its order). A record timed on the GPU is complete once the GPU has passed it.
+// Holds mu while it copies, never while it makes Python objects; nothing that holds mu waits
+// for the GIL.
+PyObject* take_buckets(PyObject* /*self*/, PyObject* /*unused*/) {
+  std::vector<Record> taken, in_flight;
+  std::string why;
   {
     std::lock_guard<std::mutex> guard(mu);
     if (!timed.empty()) {
@@ -553,27 +577,29 @@ at::Tensor drain() {
         enabled.store(false);
       }
     }
-    out.swap(done);
-  }
-  return as_tensor(out);
-}
-
-at::Tensor pending() {
-  std::vector<Record> out;
-  {
-    std::lock_guard<std::mutex> guard(mu);
-    out.reserve(inflight.size());
+    taken.swap(done);
+    in_flight.reserve(inflight.size());
     for (const auto& kv : inflight) {
-      out.push_back(kv.second);
+      in_flight.push_back(kv.second);
     }
+    why = failure;
   }
-  return as_tensor(out);
+  PyObject* text = PyUnicode_DecodeUTF8(why.data(), static_cast<Py_ssize_t>(why.size()), "replace");
+  PyObject* done_rows = text != nullptr ? as_rows(taken) : nullptr;
+  PyObject* flight_rows = done_rows != nullptr ? as_rows(in_flight) : nullptr;
+  if (flight_rows == nullptr) {
+    Py_XDECREF(text);
+    Py_XDECREF(done_rows);
+    return nullptr;
+  }
+  return Py_BuildValue("(NNN)", text, done_rows, flight_rows);
 }
 
-std::string failed() {
-  std::lock_guard<std::mutex> guard(mu);
-  return failure;
-}
+PyMethodDef take_def = {
+    "take_buckets",
+    take_buckets,
+    METH_NOARGS,
+    "(failure, completed records, records in flight), taken from the native kernel."};
 
 int64_t shared_address() { return reinterpret_cast<int64_t>(&shared); }
 int64_t depth_address() { return reinterpret_cast<int64_t>(&api_depth); }
@@ -594,11 +620,15 @@ TORCH_LIBRARY(dtprof_native, m) {
   m.def("release_gpu() -> ()", &release_gpu);
   m.def("watch(__torch__.torch.classes.c10d.ProcessGroup group) -> int", &watch);
   m.def("uninstall() -> ()", &uninstall);
-  m.def("drain() -> Tensor", &drain);
-  m.def("pending() -> Tensor", &pending);
-  m.def("failed() -> str", &failed);
   m.def("shared_address() -> int", &shared_address);
   m.def("depth_address() -> int", &depth_address);
   m.def("now() -> int", &clock_now);
   m.def("dtype_probe(int code) -> Tensor", &dtype_probe);
 }
+
+extern "C" {
+
+// the builtin take_buckets, for Python (a new reference)
+PyObject* dtprof_bucket_taker() { return PyCFunction_New(&take_def, nullptr); }
+
+}  // extern "C"
