@@ -155,6 +155,9 @@ class CommRecorder:
         self._bucket_watch: Any = None
         self._waiter: _Waiter | None = None
         self._native: Any = None  # ddp_buckets.NativeBuckets, where the native kernel records
+        # the step in progress, which the profiler writes at each step's end: where the native
+        # kernel records, its shared memory, whose first number it stamps its records with
+        self.step_cell: Any = [0]
         self._native_slots: dict[str, int] = {}  # group name -> its counter in native memory
         self._gpu_events: dict[int, Any] = {}  # token -> the CUDA event where the call began
         self._nccl_groups: dict[Any, bool] = {}  # group -> whether NCCL times its operations
@@ -190,11 +193,14 @@ class CommRecorder:
                 self._native = ddp_buckets.NativeBuckets(self, native)
             try:
                 self._native.watch(model)
+                self.step_cell = self._native.native.shared
+                self.step_cell[0] = self.prof.step_index
                 return "native"
             except Exception as exc:
                 if not self._native.names:  # nothing watched: leave it to the Python kernel
                     self._native.uninstall()
                     self._native = None
+                    self.step_cell = [0]
                     self._native_slots.clear()
                     why = f"unavailable: {exc}".splitlines()[0]
                     self.prof.note_meta(ddp_buckets_native=why)
@@ -210,10 +216,6 @@ class CommRecorder:
         both sides number that group's operations from there. Returns the next number."""
         self._native_slots[name] = slot
         return self._seq.pop(name, 0)
-
-    def set_step(self, step: int) -> None:
-        if self._native is not None:
-            self._native.set_step(step)
 
     def sync_native(self) -> None:
         """The native kernel's records into the trace (the writer's tick)."""
@@ -234,6 +236,7 @@ class CommRecorder:
             watch.uninstall()
         native, self._native = self._native, None
         self._native_slots = {}
+        self.step_cell = [0]
         if native is not None:
             with contextlib.suppress(Exception):
                 native.uninstall(timeout_s=1.0)  # what completes in time reaches the trace

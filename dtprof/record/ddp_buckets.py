@@ -194,9 +194,6 @@ class NativeBuckets:
             self.ops.release_gpu()  # what the GPU never passed: done, without its times
             self.sync()
 
-    def set_step(self, step: int) -> None:
-        self.native.shared[0] = step
-
     def sync(self) -> None:
         """Completed records into the trace; those in flight into the in-flight table."""
         if not self.enabled:

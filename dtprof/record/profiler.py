@@ -441,7 +441,7 @@ class Profiler:
         # the next step starts after dtprof's own per-step work, so that its time is charged
         # to neither step (a fingerprint shows as its own span)
         self.step_index = step + 1
-        self.comms.set_step(step + 1)
+        self.comms.step_cell[0] = step + 1
         self.step_start_ns = t
         if "phases" in self._removers:
             self.phases.data_from_ns = t

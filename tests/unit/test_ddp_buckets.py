@@ -99,6 +99,18 @@ def test_buckets_are_recorded_without_a_comm_hook_and_the_kernel_goes_at_exit(
     assert (coll["end_ns"] >= coll["start_ns"]).all()
 
 
+def test_a_model_attached_mid_run_has_its_buckets_stamped_with_the_step_in_progress(
+    tmp_path: Path, world_of_one: None, kernel: str
+) -> None:
+    model, opt = _model()
+    with dtprof.profile(tmp_path) as prof:
+        _train(model, opt, prof, 2)  # steps 0 and 1, the model not yet attached
+        prof.attach(model=model, optimizer=opt)
+        _train(model, opt, prof, 2)
+    coll = dtprof.load_trace(tmp_path).collectives
+    assert sorted(set(coll.loc[coll["label"].notna(), "step"])) == [2, 3]
+
+
 def test_a_comm_hook_of_the_users_own_keeps_working_and_its_buckets_are_recorded(
     tmp_path: Path, world_of_one: None, kernel: str
 ) -> None:
