@@ -148,12 +148,6 @@ class PhaseHooks:
         if self.native_passes is not None:
             self.native_passes.take(self.spans)
 
-    def step_ends(self, step: int) -> None:
-        try:
-            self.work.step_ends(step)
-        except Exception as exc:
-            self.prof.hook_failed("phases", exc)
-
     def _forward_pre(self, module: Any, args: Any, kwargs: Any) -> None:
         t = now_ns()
         try:

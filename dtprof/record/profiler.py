@@ -435,7 +435,7 @@ class Profiler:
         step = self.step_index
         self.steps.append((step, self.step_start_ns, t))
         if "phases" in self._removers:
-            self.phases.step_ends(step)
+            self.phases.work.step_ends(step)
         if "step" not in self._switched_off:
             t = self._step_extras(step, t)
         # the next step starts after dtprof's own per-step work, so that its time is charged

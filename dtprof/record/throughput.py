@@ -136,18 +136,21 @@ class StepWork:
 
     def step_ends(self, step: int) -> None:
         """Log this step's samples and tokens (unless the script logs its own); note the FLOPs
-        once the step they were counted in ends."""
-        if self.counter is not None:  # a forward pass that raised without its post-hook
-            self.forward_ends()
-        if self.seen and self._first_stage():
-            logged = self.prof.logged_work
-            if "samples" not in logged:
-                self.scalars.append((step, "samples", float(self.samples)))
-            if self.tokens and "tokens" not in logged:
-                self.scalars.append((step, "tokens", float(self.tokens)))
-        if self.count_step == step and not self.counted:
-            self.counted = True
-            self._note_flops()
+        once the step they were counted in ends. A failure is the phase hooks' (said once)."""
+        try:
+            if self.counter is not None:  # a forward pass that raised without its post-hook
+                self.forward_ends()
+            if self.seen and self._first_stage():
+                logged = self.prof.logged_work
+                if "samples" not in logged:
+                    self.scalars.append((step, "samples", float(self.samples)))
+                if self.tokens and "tokens" not in logged:
+                    self.scalars.append((step, "tokens", float(self.tokens)))
+            if self.count_step == step and not self.counted:
+                self.counted = True
+                self._note_flops()
+        except Exception as exc:
+            self.prof.hook_failed("phases", exc)
         self.samples = self.tokens = 0
         self.seen = False
 
