@@ -11,6 +11,7 @@ close.
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
 import threading
@@ -55,6 +56,11 @@ class _Segment:
     def append(self, rows: list[tuple[Any, ...]]) -> None:
         live.write_all(self._fd, live.rows_frame(rows))
         self.rows += len(rows)
+
+    def abandon(self) -> None:
+        """Close the segment's file, unsealed (writing has failed)."""
+        with contextlib.suppress(OSError):
+            os.close(self._fd)
 
     def seal(self) -> None:
         """Close the segment, rewrite it as Parquet under its final name, remove it."""
@@ -142,6 +148,9 @@ class TraceWriter:
                     )
                 for buf in self.buffers.values():
                     buf.clear()
+                for seg in self._segments.values():
+                    seg.abandon()  # left as a killed rank's: readable, unsealed
+                self._segments.clear()
 
     def _flush_locked(self, seal: bool) -> None:
         now = time.monotonic()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import warnings
 from pathlib import Path
 
@@ -109,6 +110,7 @@ def test_a_write_failure_stops_recording_once_without_raising(
     w = TraceWriter(tmp_path, on_failure=failures.append)
     _steps(w, 0, 2)
     w.flush()
+    fd = w._segments["steps"]._fd
 
     def disk_full(self: object, batch: object) -> None:
         raise OSError(28, "No space left on device")
@@ -116,8 +118,11 @@ def test_a_write_failure_stops_recording_once_without_raising(
     monkeypatch.setattr("dtprof.record.writer._Segment.append", disk_full)
     _steps(w, 2, 2)
     w.flush()
+    with pytest.raises(OSError):
+        os.fstat(fd)  # the segment's file is closed, left unsealed
     _steps(w, 4, 2)
     w.flush()
+    w.close()
     assert len(failures) == 1 and "No space left" in str(failures[0])
     assert w.failed and not w.buffers["steps"]
     assert read_table(tmp_path, STEPS).column("step").to_pylist() == [0, 1]
