@@ -187,7 +187,7 @@ class NativeBuckets:
         self.ops.uninstall()
         deadline = comms.now_ns() + int(timeout_s * 1e9)
         self.sync()
-        while self.in_flight and comms.now_ns() < deadline:
+        while self.enabled and self.in_flight and comms.now_ns() < deadline:
             time.sleep(0.005)
             self.sync()  # a bucket timed on the GPU is done once drained
         if self._gpu is not None:

@@ -25,11 +25,11 @@
 // end is an event recorded in the future's callback (run on a stream made to wait for the
 // operation's end). An event there costs a GPU-bound step about 1% with DDP's buckets on NCCL
 // (docs/gpu.md); NCCL's own events cost nothing measurable. Such a record stays in flight until
-// take_buckets() finds that the GPU has passed its end; it then gets the GPU's times on the host's
-// clock, through an anchor: an event recorded on an idle stream and waited for by anchor(),
-// whose host time is known to within half that wait. These are c10::Events, device-generic:
-// nothing here needs CUDA's headers, and a CPU build of torch never makes one. What
-// dtprof/record/gpu_timing.py does in Python for the other intervals. A call launched into a
+// take_buckets() finds that the GPU has passed its end; it then gets the GPU's times on the
+// host's clock, through an anchor: an event recorded on an idle stream and waited for by
+// anchor(), whose host time is known to within half that wait. These are c10::Events,
+// device-generic: nothing here needs CUDA's headers, and a CPU build of torch never makes one.
+// What dtprof/record/gpu_timing.py does in Python for the other intervals. A call launched into a
 // CUDA graph's capture is recorded on the host alone (capturing()).
 
 #include <Python.h>
@@ -584,7 +584,8 @@ PyObject* take_buckets(PyObject* /*self*/, PyObject* /*unused*/) {
     }
     why = failure;
   }
-  PyObject* text = PyUnicode_DecodeUTF8(why.data(), static_cast<Py_ssize_t>(why.size()), "replace");
+  const auto length = static_cast<Py_ssize_t>(why.size());
+  PyObject* text = PyUnicode_DecodeUTF8(why.data(), length, "replace");
   PyObject* done_rows = text != nullptr ? as_rows(taken) : nullptr;
   PyObject* flight_rows = done_rows != nullptr ? as_rows(in_flight) : nullptr;
   if (flight_rows == nullptr) {
