@@ -173,6 +173,7 @@ def read_new(folder: Path, table: Table, cursor: Cursor) -> tuple[pa.Table, Curs
         names = os.listdir(tdir)
     except FileNotFoundError:
         return table.empty, cursor, 0
+    live.refuse_legacy(tdir, names)
     sealed = _numbers(names, SEALED_PREFIX, ".parquet")
     unsealed = _numbers(names, LIVE_PREFIX, live.SUFFIX)
     pieces: list[pa.Table] = []
@@ -209,6 +210,7 @@ def read_window(folder: Path, table: Table, first: int | None, last: int | None)
         names = os.listdir(tdir)
     except FileNotFoundError:
         return table.empty
+    live.refuse_legacy(tdir, names)
     sealed = _numbers(names, SEALED_PREFIX, ".parquet")
     unsealed = _numbers(names, LIVE_PREFIX, live.SUFFIX)
     pieces = []

@@ -5,7 +5,10 @@ from __future__ import annotations
 import os
 
 RANK_DIR_PREFIX = "rank="  # a trace directory holds one rank=NNNNN folder per rank
-SCHEMA_VERSION = 1  # the trace directory's layout (docs/trace-format.md, Schema version)
+SCHEMA_VERSION = 2  # the trace directory's layout (docs/trace-format.md, Schema version)
+# what load_trace reads: version 1 differs only in its live segments (Arrow IPC streams,
+# _live-N.arrows), which are refused by name (dtprof.trace.live.refuse_legacy)
+READABLE_VERSIONS = (1, 2)
 IMPORTER_VERSION = 4  # bump when the profiler-trace mapping changes: cached conversions are redone
 
 

@@ -25,6 +25,7 @@ from dtprof.errors import DtprofError
 from dtprof.trace.schema import LIVE_PREFIX, Table
 
 SUFFIX = ".msgpack"
+LEGACY_SUFFIX = ".arrows"  # schema version 1's live segments: Arrow IPC streams
 _LENGTH = struct.Struct("<I")
 _decode = msgspec.msgpack.Decoder().decode
 
@@ -41,6 +42,17 @@ _encode = msgspec.msgpack.Encoder(enc_hook=_plain).encode
 
 def segment_name(number: int) -> str:
     return f"{LIVE_PREFIX}{number:06d}{SUFFIX}"
+
+
+def refuse_legacy(folder: Path, names: list[str]) -> None:
+    """Fail, naming it, on a live segment of schema version 1 among a table folder's
+    ``names``: its rows were never sealed, and only a dtprof of that version reads them."""
+    for name in names:
+        if name.startswith(LIVE_PREFIX) and name.endswith(LEGACY_SUFFIX):
+            raise DtprofError(
+                f"{folder / name}: an unsealed segment of trace schema version 1 (an Arrow IPC"
+                " stream), which this dtprof does not read; a dtprof of schema version 1 does"
+            )
 
 
 def header(table: Table) -> bytes:

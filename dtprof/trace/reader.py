@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 
 from dtprof.errors import DtprofError
 from dtprof.trace import live
+from dtprof.trace.layout import READABLE_VERSIONS
 from dtprof.trace.meta import ClockParams, InflightOp, RankMeta, as_dict, decode
 from dtprof.trace.schema import (
     INFLIGHT_FILE,
@@ -126,12 +127,12 @@ def read_meta(folder: Path) -> RankMeta:
     if not isinstance(meta, dict) or "schema_version" not in meta or "rank" not in meta:
         raise DtprofError(f"{file}: not a dtprof rank metadata file")
     version = meta["schema_version"]
-    if version != SCHEMA_VERSION:
+    if version not in READABLE_VERSIONS:
         newer = isinstance(version, int) and version > SCHEMA_VERSION
         hint = "; upgrade dtprof" if newer else ""
+        readable = " and ".join(map(str, READABLE_VERSIONS))
         raise DtprofError(
-            f"{file}: trace schema version {version!r:.40}, this dtprof reads "
-            f"{SCHEMA_VERSION}{hint}"
+            f"{file}: trace schema version {version!r:.40}, this dtprof reads {readable}{hint}"
         )
     try:
         return decode(meta, RankMeta)
@@ -147,7 +148,9 @@ def read_table(folder: Path, table: Table) -> pa.Table:
         return table.empty
     sealed: dict[int, Path] = {}
     unsealed: dict[int, Path] = {}
-    for entry in list(os.scandir(tdir)):
+    entries = list(os.scandir(tdir))
+    live.refuse_legacy(tdir, [entry.name for entry in entries])
+    for entry in entries:
         name = entry.name
         if name.startswith((SEALED_PREFIX, LIVE_PREFIX)) and not entry.is_file():
             raise DtprofError(f"{entry.path}: not a regular file")

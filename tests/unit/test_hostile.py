@@ -454,7 +454,7 @@ CASES: list[tuple[Callable[[Path], Path], str, str]] = [
     (truncated_part, ERROR, "part-000000.parquet: not a readable Parquet file"),
     (truncated_live_stream, SOUND, ""),
     (truncated_meta, ERROR, "meta.json: not readable JSON"),
-    (future_schema, ERROR, "trace schema version 99, this dtprof reads 1; upgrade dtprof"),
+    (future_schema, ERROR, "trace schema version 99, this dtprof reads 1 and 2; upgrade dtprof"),
     (wrong_schema_type, ERROR, "trace schema version 'one'"),
     (meta_not_an_object, ERROR, "meta.json: not a dtprof rank metadata file"),
     (meta_wrong_field_types, ERROR, "meta.json: "),

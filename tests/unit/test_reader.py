@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from dtprof.errors import DtprofError
+from dtprof.trace.follow import TraceFollower
 from dtprof.trace.reader import load_trace
 from dtprof.trace.schema import SCHEMA_VERSION
 from tests.tracebuild import rank_meta, write_rank
@@ -119,6 +120,18 @@ def test_a_future_schema_version_asks_for_an_upgrade(tmp_path: Path) -> None:
     write_rank(tmp_path, rank_meta(0, 1, schema_version=SCHEMA_VERSION + 1), {})
     with pytest.raises(DtprofError, match=f"schema version {SCHEMA_VERSION + 1}.*upgrade"):
         load_trace(tmp_path)
+
+
+def test_a_version_1_trace_reads_unless_a_segment_of_it_was_never_sealed(tmp_path: Path) -> None:
+    write_rank(tmp_path, rank_meta(0, 1, schema_version=1), {"steps": [(0, 0, 10), (1, 10, 20)]})
+    assert list(load_trace(tmp_path).steps["step"]) == [0, 1]
+    stream = tmp_path / "rank=00000" / "steps" / "_live-000001.arrows"
+    stream.write_bytes(b"\xff\xff\xff\xff")  # an Arrow IPC stream, left by a killed rank
+    with pytest.raises(DtprofError) as err:
+        load_trace(tmp_path)
+    assert str(err.value).startswith(f"{stream}: an unsealed segment of trace schema version 1")
+    with pytest.raises(DtprofError, match="schema version 1"):
+        TraceFollower(tmp_path).poll()
 
 
 def test_mixed_world_sizes_are_refused(tmp_path: Path) -> None:
