@@ -81,7 +81,16 @@ def write_all(fd: int, data: bytes) -> None:
 def read(path: Path, table: Table, offset: int = 0) -> tuple[pa.Table, int]:
     """The rows of the whole frames after byte ``offset`` (0: from the first after the
     header) and the offset after the last of them. Raises FileNotFoundError when the segment
-    is gone (sealed meanwhile)."""
+    is gone (sealed meanwhile), DtprofError naming it when it cannot be read."""
+    try:
+        return _read(path, table, offset)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise DtprofError(f"{path}: not readable ({exc})") from None
+
+
+def _read(path: Path, table: Table, offset: int) -> tuple[pa.Table, int]:
     with open(path, "rb") as f:
         start = f.read(_LENGTH.size)
         if len(start) == _LENGTH.size:

@@ -197,8 +197,6 @@ def _read_live(path: Path, table: Table) -> pa.Table | None:
         return live.read(path, table)[0]
     except FileNotFoundError:
         return None
-    except OSError as exc:
-        raise DtprofError(f"{path}: not readable ({exc})") from None
 
 
 def conform_table(path: Path, data: pa.Table, table: Table) -> pa.Table:

@@ -96,3 +96,12 @@ def test_numpy_scalars_are_written_as_the_numbers_they_hold(tmp_path: Path) -> N
     assert live.read(_segment(tmp_path, data), STEPS)[0].to_pylist() == [
         {"step": 3, "start_ns": 4, "end_ns": 5}
     ]
+
+
+def test_an_unreadable_segment_is_named_and_a_vanished_one_is_not_an_error(tmp_path: Path) -> None:
+    folder = tmp_path / live.segment_name(0)
+    folder.mkdir()  # a directory where the segment should be: open() fails, not with ENOENT
+    with pytest.raises(DtprofError, match=f"^{folder}: not readable"):
+        live.read(folder, STEPS)
+    with pytest.raises(FileNotFoundError):
+        live.read(tmp_path / live.segment_name(1), STEPS)
