@@ -45,6 +45,18 @@ class BucketScaling:
         self.before: dict[int, torch.Tensor | None] | None = None
         self._params: list[torch.Tensor] = []
 
+    def __getstate__(self) -> dict[str, Any]:
+        """A copy of the model (copy.deepcopy, torch.save) takes this state along in DDP's list
+        of comm hooks: the group is left out, as DDP leaves its own out, and the copy's state
+        watches no parameters."""
+        return {"size": self.size, "inverse": self.inverse}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.group = c10d._get_default_group()  # as DDP's own copy does
+        self.before = None
+        self._params = []
+
     def watch(self, model: torch.nn.parallel.DistributedDataParallel) -> None:
         """Note the gradients at each backward's start, where DDP's two ways can differ."""
         if model.gradient_as_bucket_view and self.size & (self.size - 1) != 0:

@@ -51,9 +51,15 @@ def model_kind(model: torch.nn.Module | None) -> str:
 
 class PhaseHooks:
     """The phase hooks of a model and an optimizer, each added when known (add_model,
-    add_optimizer); uninstall() removes them."""
+    add_optimizer); uninstall() removes them.
+
+    A copy of the recorded model (``copy.deepcopy``: an EMA model, Lightning's weight
+    averaging) or the model pickled (``torch.save(model)``) takes its module hooks along: they
+    are made from ``__reduce__``, as hooks that record nothing (``recording`` False), so that
+    copying and saving work as without dtprof and a copy's passes are not the model's phases."""
 
     def __init__(self, prof: Profiler) -> None:
+        self.recording = True  # False in a copy
         self.prof = prof
         self.spans = prof.spans
         self.data_from_ns: int | None = None
@@ -67,6 +73,9 @@ class PhaseHooks:
         self.native_passes: NativePasses | None = None  # the backward timed in C++
         self.ddp_buckets = False
         self.work = StepWork(prof)  # the samples, tokens and FLOPs the forward passes see
+
+    def __reduce__(self) -> tuple[Any, tuple[()]]:
+        return _unrecorded_hooks, ()
 
     def add_model(self, model: torch.nn.Module) -> None:
         self._time_backward_natively()
@@ -150,6 +159,8 @@ class PhaseHooks:
 
     def _forward_pre(self, module: Any, args: Any, kwargs: Any) -> None:
         t = now_ns()
+        if not self.recording:
+            return
         try:
             if self.data_from_ns is not None:
                 self.spans.append(
@@ -166,6 +177,8 @@ class PhaseHooks:
 
     def _forward_post(self, module: Any, args: Any, output: Any) -> None:
         t = now_ns()
+        if not self.recording:
+            return
         try:
             if self.work.counter is not None:
                 self.work.forward_ends()
@@ -274,6 +287,13 @@ class PhaseHooks:
         timer = self.prof.gpu_timer
         if timer is not None:
             timer.pair(event, (step, name, "phase", None, None), start, end)
+
+
+def _unrecorded_hooks() -> PhaseHooks:
+    """The phase hooks a copied or unpickled model gets in place of the recorded model's."""
+    hooks = PhaseHooks.__new__(PhaseHooks)
+    hooks.recording = False
+    return hooks
 
 
 def _in_backward() -> bool:

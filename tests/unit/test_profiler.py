@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import ctypes
 import gc
 import itertools
@@ -570,3 +571,25 @@ def test_ddp_buckets_are_recorded_through_the_comm_hook_unless_switched_off(
     assert labels == (["ddp.bucket0"] * 2 if ddp_buckets else [])
     assert trace.meta[0].config.ddp_buckets is ddp_buckets
     assert len(trace.steps) == 2
+
+
+@pytest.mark.parametrize("ddp_buckets", [True, "comm_hook"])
+def test_a_recorded_model_copies_and_saves_and_its_copies_record_nothing(
+    tmp_path: Path, world_of_one, ddp_buckets: bool | str
+) -> None:
+    """An EMA model deep-copied mid-training, or the whole model saved with torch.save: both
+    work as without dtprof, and the copy's passes are not the recorded model's phases."""
+    model = nn.parallel.DistributedDataParallel(nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    saved = tmp_path / "model.pt"
+    with dtprof.profile(tmp_path / "trace", model=model, optimizer=opt, ddp_buckets=ddp_buckets):
+        ema = copy.deepcopy(model)
+        torch.save(model, saved)
+        for _ in range(3):
+            ema(torch.randn(4, 8)).sum().backward()
+    loaded = torch.load(saved, weights_only=False)
+    x = torch.randn(4, 8)
+    assert torch.equal(loaded(x), model(x))
+    assert torch.equal(ema(x), model(x))
+    spans = dtprof.load_trace(tmp_path / "trace").spans
+    assert not spans["name"].isin(["forward", "backward"]).any()
