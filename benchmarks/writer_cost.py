@@ -9,9 +9,13 @@ per step it grows with the step; step_cost.py, which charges one flush to 1,000 
 does not show that. Here a one-rank gloo DDP job (an MLP of 4 linear layers of 512, batch
 64, the size of overhead.py's), padded with a sleep to each ``--step-ms``, records for
 ``--seconds`` under ``profile()`` with its defaults and every ``--flush-s``; the writer
-thread's own CPU time (``time.thread_time()`` inside it, its start-up and the final seal
-excluded) is divided by the recording's wall time. Each combination runs once, in this one
-process, in the order given.
+thread's own CPU time (``time.thread_time()`` inside it, its start-up excluded) is divided by
+the recording's wall time. Every row is also sealed once into Parquet: in a long run the writer
+does that every ``seal_interval_s`` (300 s), outside a run this short, so the seal at the
+profile's end is timed apart (CPU time, on the thread that runs it) and added as a long run
+would pay it: what a table's seal costs over sealing an empty segment of that table (timed
+before the runs) comes every second in proportion to the rows, the empty seal's own cost once
+every 300 s. Each combination runs once, in this one process, in the order given.
 """
 
 from __future__ import annotations
@@ -30,15 +34,39 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import dtprof
 from dtprof.jobs.launch import free_port
-from dtprof.record.writer import TraceWriter
+from dtprof.record.writer import TraceWriter, _Segment
+from dtprof.trace.schema import TABLES
+
+SEAL_INTERVAL_S = 300.0  # profile()'s default seal_interval_s
+
+
+def empty_seal_s() -> dict[str, float]:
+    """CPU seconds to seal an empty segment of each table: a seal's cost whatever its rows."""
+    out = {}
+    with tempfile.TemporaryDirectory() as folder:
+        for name, table in TABLES.items():
+            (Path(folder) / name).mkdir()
+            times = []
+            for number in range(5):
+                segment = _Segment(Path(folder) / name, table, number)
+                start = time.thread_time()
+                segment.seal()
+                times.append(time.thread_time() - start)
+            out[name] = sorted(times)[2]
+    return out
 
 
 def measure(
-    model: DDP, opt: torch.optim.Optimizer, step_ms: float, seconds: float, flush_s: float
+    model: DDP,
+    opt: torch.optim.Optimizer,
+    step_ms: float,
+    seconds: float,
+    flush_s: float,
+    empty_seal: dict[str, float],
 ) -> dict[str, Any]:
     """Record for ``seconds``, each step padded to ``step_ms``; the writer's CPU time."""
-    used: dict[str, float] = {}
-    run = TraceWriter._run
+    used: dict[str, float] = {"rows_seal_s": 0.0, "fixed_seal_s": 0.0, "sealed_rows": 0}
+    run, seal = TraceWriter._run, _Segment.seal
 
     def timed_run(self: TraceWriter) -> None:
         start = time.thread_time()
@@ -47,7 +75,16 @@ def measure(
         finally:
             used["cpu_s"] = time.thread_time() - start
 
+    def timed_seal(self: _Segment) -> None:
+        start = time.thread_time()
+        seal(self)
+        fixed = empty_seal[self.table.name]
+        used["rows_seal_s"] += max(0.0, time.thread_time() - start - fixed)
+        used["fixed_seal_s"] += fixed
+        used["sealed_rows"] += self.rows
+
     TraceWriter._run = timed_run  # type: ignore[method-assign]
+    _Segment.seal = timed_seal  # type: ignore[method-assign]
     x = torch.randn(64, 512)
     steps = 0
     try:
@@ -72,13 +109,17 @@ def measure(
                 wall = time.perf_counter() - t0
     finally:
         TraceWriter._run = run  # type: ignore[method-assign]
+        _Segment.seal = seal  # type: ignore[method-assign]
     cpu_ms_per_s = used["cpu_s"] * 1e3 / wall
+    seal_ms_per_s = (used["rows_seal_s"] / wall + used["fixed_seal_s"] / SEAL_INTERVAL_S) * 1e3
     return {
         "step_ms": wall / steps * 1e3,
         "steps": steps,
         "cpu_ms_per_s": cpu_ms_per_s,
-        "core_pct": cpu_ms_per_s / 10,
-        "us_per_step": used["cpu_s"] * 1e6 / steps,
+        "seal_ms_per_s": seal_ms_per_s,
+        "seal_ns_per_row": used["rows_seal_s"] * 1e9 / max(used["sealed_rows"], 1),
+        "core_pct": (cpu_ms_per_s + seal_ms_per_s) / 10,
+        "us_per_step": (cpu_ms_per_s + seal_ms_per_s) * 1e3 * wall / steps,
     }
 
 
@@ -94,13 +135,16 @@ def main() -> None:
     model = DDP(nn.Sequential(*[nn.Linear(512, 512) for _ in range(4)]))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     print(f"load {os.getloadavg()[0]:.1f}; {a.seconds:.0f} s each", flush=True)
-    print(f"{'flush s':>8}{'step ms':>9}{'steps':>7}{'CPU ms/s':>10}", end="")
-    print(f"{'of a core':>11}{'µs/step':>9}")
+    empty_seal = empty_seal_s()
+    print(f"sealing an empty segment: {sum(empty_seal.values()) * 1e3:.1f} ms for all tables")
+    print(f"{'flush s':>8}{'step ms':>9}{'steps':>7}{'CPU ms/s':>10}{'seal ms/s':>10}", end="")
+    print(f"{'ns/row':>8}{'of a core':>11}{'µs/step':>9}")
     for flush_s in (float(f) for f in a.flush_s.split(",")):
         for step_ms in (float(s) for s in a.step_ms.split(",")):
-            r = measure(model, opt, step_ms, a.seconds, flush_s)
+            r = measure(model, opt, step_ms, a.seconds, flush_s, empty_seal)
             print(
                 f"{flush_s:>8.1f}{r['step_ms']:>9.2f}{r['steps']:>7}{r['cpu_ms_per_s']:>10.2f}"
+                f"{r['seal_ms_per_s']:>10.2f}{r['seal_ns_per_row']:>8.0f}"
                 f"{r['core_pct']:>10.2f}%{r['us_per_step']:>9.1f}",
                 flush=True,
             )
