@@ -54,7 +54,7 @@ class _Segment:
         live.write_all(self._fd, live.header(table))
 
     def append(self, rows: list[tuple[Any, ...]]) -> None:
-        live.write_all(self._fd, live.rows_frame(rows))
+        live.write_all(self._fd, live.rows_frame(rows, self.table))
         self.rows += len(rows)
 
     def abandon(self) -> None:

@@ -12,7 +12,7 @@ from dtprof.record.writer import TraceWriter, write_json_atomic
 from dtprof.trace import live
 from dtprof.trace.follow import TraceFollower
 from dtprof.trace.reader import load_trace
-from dtprof.trace.schema import META_FILE, rank_dir_name
+from dtprof.trace.schema import META_FILE, STEPS, rank_dir_name
 from tests.tracebuild import rank_meta
 
 
@@ -82,7 +82,7 @@ def test_torn_frame_is_read_once_whole(tmp_path: Path, cut: int) -> None:
     assert _new_steps(follower) == [0]
 
     # the bytes of one more frame, appended in two pieces as a slow write would
-    frame = live.rows_frame([(7, 70, 80)])
+    frame = live.rows_frame([(7, 70, 80)], STEPS)
     segment = tmp_path / "rank=00000" / "steps" / "_live-000000.msgpack"
     with open(segment, "ab") as f:
         f.write(frame[:cut])

@@ -93,7 +93,9 @@ def truncated_live_stream(t: Path) -> Path:
     data = pq.read_table(part)
     segment = part.with_name(live.segment_name(1))
     rows = list(zip(*data.to_pydict().values(), strict=True))
-    frames = live.header(STEPS) + live.rows_frame(rows[:5]) + live.rows_frame(rows[5:])
+    frames = (
+        live.header(STEPS) + live.rows_frame(rows[:5], STEPS) + live.rows_frame(rows[5:], STEPS)
+    )
     segment.write_bytes(frames[:-10])  # torn last frame, as a kill leaves it
     return t
 

@@ -3,6 +3,8 @@ files named."""
 
 from __future__ import annotations
 
+import math
+import struct
 from pathlib import Path
 
 import msgspec
@@ -10,7 +12,7 @@ import pytest
 
 from dtprof.errors import DtprofError
 from dtprof.trace import live
-from dtprof.trace.schema import COLLECTIVES, STEPS
+from dtprof.trace.schema import COLLECTIVES, SCALARS, STEPS
 
 ROWS = [
     (0, "0", 1, "all_reduce", 4096, "float32", None, 10, 20, True, "ddp.bucket0"),
@@ -26,7 +28,11 @@ def _segment(tmp_path: Path, data: bytes) -> Path:
 
 
 def test_rows_come_back_as_written_with_their_types_and_nulls(tmp_path: Path) -> None:
-    data = live.header(COLLECTIVES) + live.rows_frame(ROWS[:2]) + live.rows_frame(ROWS[2:])
+    data = (
+        live.header(COLLECTIVES)
+        + live.rows_frame(ROWS[:2], COLLECTIVES)
+        + live.rows_frame(ROWS[2:], COLLECTIVES)
+    )
     rows, offset = live.read(_segment(tmp_path, data), COLLECTIVES)
     assert rows.schema.equals(COLLECTIVES.schema)
     assert [tuple(r.values()) for r in rows.to_pylist()] == ROWS
@@ -34,8 +40,8 @@ def test_rows_come_back_as_written_with_their_types_and_nulls(tmp_path: Path) ->
 
 
 def test_reading_on_from_an_offset_takes_only_later_frames(tmp_path: Path) -> None:
-    first = live.header(STEPS) + live.rows_frame([(0, 1, 2)])
-    path = _segment(tmp_path, first + live.rows_frame([(1, 2, 3), (2, 3, 4)]))
+    first = live.header(STEPS) + live.rows_frame([(0, 1, 2)], STEPS)
+    path = _segment(tmp_path, first + live.rows_frame([(1, 2, 3), (2, 3, 4)], STEPS))
     rows, offset = live.read(path, STEPS, len(first))
     assert rows.column("step").to_pylist() == [1, 2]
     assert live.read(path, STEPS, offset)[0].num_rows == 0
@@ -53,8 +59,8 @@ def test_columns_are_taken_by_name_from_the_header(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("cut", [1, 3, 4, 7])
 def test_a_torn_last_frame_is_left_and_a_torn_header_reads_empty(tmp_path: Path, cut: int) -> None:
-    whole = live.header(STEPS) + live.rows_frame([(0, 1, 2)])
-    last = live.rows_frame([(1, 2, 3)])
+    whole = live.header(STEPS) + live.rows_frame([(0, 1, 2)], STEPS)
+    last = live.rows_frame([(1, 2, 3)], STEPS)
     rows, offset = live.read(_segment(tmp_path, whole + last[:cut]), STEPS)
     assert rows.column("step").to_pylist() == [0] and offset == len(whole)
     header = live.header(STEPS)
@@ -73,6 +79,10 @@ def test_a_torn_last_frame_is_left_and_a_torn_header_reads_empty(tmp_path: Path,
         (live.header(STEPS) + live.frame({"step": 0}), "not a set of equally long columns"),
         (live.header(STEPS) + live.frame([["a"], [1], [2]]), "values do not match table steps"),
         (live.header(STEPS) + live.frame([[2**63], [1], [2]]), "values do not match table steps"),
+        (live.header(STEPS) + live.frame([b"\0" * 7, [1], [2]]), "not a set of equally long"),
+        (live.header(STEPS) + live.frame([b"\0" * 16, [1], [2]]), "not a set of equally long"),
+        (live.header(STEPS) + live.frame([None, None, None]), "not a set of equally long"),
+        (live.header(STEPS) + live.frame([[0], {"a": 1}, [2]]), "not a set of equally long"),
     ],
 )
 def test_a_bad_segment_is_named_in_one_line(tmp_path: Path, data: bytes, message: str) -> None:
@@ -83,16 +93,44 @@ def test_a_bad_segment_is_named_in_one_line(tmp_path: Path, data: bytes, message
     assert "\n" not in str(err.value)
 
 
-def test_a_frame_is_one_length_and_messagepack(tmp_path: Path) -> None:
-    frame = live.rows_frame([(0, 1, 2), (1, 3, 4)])
+def test_a_frame_is_one_length_and_messagepack_with_numbers_packed(tmp_path: Path) -> None:
+    """Numbers without nulls are packed little-endian at their column's width, a column of
+    nulls is nil, anything else a list."""
+    frame = live.rows_frame(ROWS[:2], COLLECTIVES)
     assert int.from_bytes(frame[:4], "little") == len(frame) - 4
-    assert msgspec.msgpack.decode(frame[4:]) == [[0, 1], [1, 3], [2, 4]]
+    step, group, seq, _, _, _, peer, start, _, async_op, label = msgspec.msgpack.decode(frame[4:])
+    assert step == struct.pack("<2q", 0, 0) and seq == struct.pack("<2q", 1, 2)
+    assert start == struct.pack("<2q", 10, 30)
+    assert group == ["0", "0"] and async_op == [True, False] and label == ["ddp.bucket0", None]
+    assert peer == [None, 3]  # a null among numbers: a list
+    nulls = live.rows_frame([(*r[:6], None, *r[7:]) for r in ROWS], COLLECTIVES)
+    assert msgspec.msgpack.decode(nulls[4:])[6] is None
+
+
+def test_a_column_in_different_forms_from_frame_to_frame_reads_as_one(tmp_path: Path) -> None:
+    """Packed, nil and listed frames of the same column, in any order; numbers at the edges
+    of their types; floats with NaN."""
+    rows = [
+        (0, "0", 2**63 - 1, "x", 1, "f", None, 1, 2, False, None),  # peer: nil
+        (1, "0", -(2**63), "x", 1, "f", 2**31 - 1, 1, 2, False, None),  # peer: packed
+        (2, "0", 5, "x", 1, "f", None, 1, 2, False, "l"),
+        (3, "0", 6, "x", 1, "f", -(2**31), 1, 2, False, None),  # with the one above: listed
+    ]
+    frames = [rows[:1], rows[1:2], rows[2:4], rows[:1], rows[1:2]]
+    data = live.header(COLLECTIVES) + b"".join(live.rows_frame(f, COLLECTIVES) for f in frames)
+    read, _ = live.read(_segment(tmp_path, data), COLLECTIVES)
+    assert [tuple(r.values()) for r in read.to_pylist()] == [r for f in frames for r in f]
+
+    values = [(0, "loss", float("nan")), (1, "loss", -1e308), (2, "loss", 3)]
+    data = live.header(SCALARS) + live.rows_frame(values, SCALARS)
+    got = live.read(_segment(tmp_path, data), SCALARS)[0].column("value").to_pylist()
+    assert math.isnan(got[0]) and got[1:] == [-1e308, 3.0]
 
 
 def test_numpy_scalars_are_written_as_the_numbers_they_hold(tmp_path: Path) -> None:
     import numpy as np
 
-    data = live.header(STEPS) + live.rows_frame([(np.int64(3), np.int32(4), 5)])
+    data = live.header(STEPS) + live.rows_frame([(np.int64(3), np.int32(4), 5)], STEPS)
     assert live.read(_segment(tmp_path, data), STEPS)[0].to_pylist() == [
         {"step": 3, "start_ns": 4, "end_ns": 5}
     ]

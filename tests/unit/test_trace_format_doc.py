@@ -391,7 +391,7 @@ def test_crash_leftovers_read_as_documented(tmp_path: Path) -> None:
     writer = TraceWriter(folder)
     writer.buffers["steps"].extend([(0, 1, 2), (1, 2, 3)])
     writer.flush(seal=True)  # part-000000: steps 0, 1
-    stale = live.header(STEPS) + live.rows_frame([(9, 9, 9)])
+    stale = live.header(STEPS) + live.rows_frame([(9, 9, 9)], STEPS)
     (folder / "steps" / "_live-000000.msgpack").write_bytes(stale)  # left by a crash mid-seal
     writer.buffers["steps"].append((2, 3, 4))
     writer.flush()
