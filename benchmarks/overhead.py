@@ -16,8 +16,10 @@ s after its profile starts: the writer's periodic cost is not in these figures
 it also counts the model's FLOPs, once per profile). Then tiny synchronous collectives are timed
 with and without dtprof on all ranks, interleaved, and dtprof's wrapper against the function it
 wraps in one process on a one-rank group, and a whole training step alone on a one-rank group
-(bare, PyTorch's Python DDP comm hook, dtprof with DDP's buckets seen at the dispatcher, through
-its comm hook, and not at all): the precise per-step costs, free of the N ranks' scheduling
+(bare, PyTorch's Python DDP comm hook, the PyTorch hooks dtprof's phases use with empty bodies,
+dtprof with DDP's buckets seen at the dispatcher, through its comm hook, and not at all, and
+dtprof's fixed cost: its defaults with no region or logged loss, as ``dtprof run`` records a
+script): the precise per-step costs, free of the N ranks' scheduling
 noise. Last, ``--jobs`` rounds of whole jobs launched as users launch them
 (benchmarks/launched_jobs.py): a DDP script bare and under ``dtprof run``, and a Hugging Face
 Trainer bare and with ``DtprofCallback``. Progress goes to stderr, the table to stdout; trace
@@ -54,7 +56,14 @@ VARIANTS = {
     "dtprof-python": "dtprof with DDP's buckets and the backward phase in Python (DTPROF_NATIVE=0)",
     "ddp-builtin-hook": "no recording; DDP with PyTorch's C++ builtin allreduce comm hook",
 }
+# Modes of the one-process view only (a training step alone), not of the N-rank job:
+ALONE_ONLY = {
+    "hooks": "no recording; the PyTorch hooks dtprof's phases use, with empty bodies",
+    "dtprof-fixed": "dtprof as a script is recorded unchanged (dtprof run): profile()'s defaults,"
+    " no region, no logged loss",
+}
 CLASSES = 16
+NO_FINGERPRINTS = ("dtprof-nofp", "dtprof-fixed")
 BUCKETS: dict[str, bool | str] = {"dtprof-nobuckets": False, "dtprof-commhook": "comm_hook"}
 GOAL, NOISY_GOAL = 1.01, 1.03
 
@@ -194,7 +203,16 @@ def _measure(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     }
 
 
-ALONE_MODES = ("bare", "ddp-hook", "dtprof-nobuckets", "dtprof-commhook", "dtprof-python", "dtprof")
+ALONE_MODES = (
+    "bare",
+    "ddp-hook",
+    "hooks",
+    "dtprof-fixed",
+    "dtprof-nobuckets",
+    "dtprof-commhook",
+    "dtprof-python",
+    "dtprof",
+)
 HOOKED = ("ddp-hook", "ddp-builtin-hook", "dtprof-commhook")  # modes that leave a comm hook
 
 
@@ -277,14 +295,18 @@ def _train(
             trace,
             model=None if mode == "dtprof-nomodel" else model,
             optimizer=None if mode == "dtprof-nomodel" else opt,
-            fingerprint_every=0 if mode == "dtprof-nofp" else args.fingerprint_every,
+            fingerprint_every=0
+            if mode in ("dtprof-nofp", "dtprof-fixed")
+            else args.fingerprint_every,
             ddp_buckets=BUCKETS.get(mode, True),
-            hang_timeout_s=60,
+            hang_timeout_s=None if mode == "dtprof-fixed" else 60,
             clock_sync=group is None,
         )
     elif mode == "torch.profiler":
         ctx = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
     recorded = mode.startswith("dtprof")
+    user_calls = recorded and mode != "dtprof-fixed"  # a region and a logged loss each step
+    handles = _empty_hooks(model, opt) if mode == "hooks" else []
     if mode == "dtprof-python":
         os.environ["DTPROF_NATIVE"] = "0"  # read when the profile starts
     else:
@@ -295,23 +317,39 @@ def _train(
         dist.barrier(group=group)  # every rank starts measuring together, after its start
         last, last_cpu = time.perf_counter_ns(), time.process_time_ns()
         for _ in range(steps):
-            with prof.region("data") if recorded else contextlib.nullcontext():
+            with prof.region("data") if user_calls else contextlib.nullcontext():
                 x = torch.randn(args.batch, args.width, generator=gen)
                 y = torch.randint(0, CLASSES, (args.batch,), generator=gen)
             loss = loss_fn(model(x), y)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
-            if recorded:
+            if user_calls:
                 prof.log(loss=loss)
-                prof.step()
-            elif mode == "torch.profiler":
+            if recorded or mode == "torch.profiler":
                 prof.step()
             now, now_cpu = time.perf_counter_ns(), time.process_time_ns()
             wall.append(now - last)
             cpu.append(now_cpu - last_cpu)
             last, last_cpu = now, now_cpu
+    for handle in handles:
+        handle.remove()
     return wall, cpu, prof
+
+
+def _empty_hooks(model: Any, opt: Any) -> list[Any]:
+    """The PyTorch hooks dtprof's phases use (a module's forward pre- and post-hook, the
+    optimizer's step pre- and post-hook), doing nothing: what PyTorch charges for calling them."""
+
+    def nothing(*args: Any, **kwargs: Any) -> None:
+        return None
+
+    return [
+        model.register_forward_pre_hook(nothing, with_kwargs=True),
+        model.register_forward_hook(nothing),
+        opt.register_step_pre_hook(nothing),
+        opt.register_step_post_hook(nothing),
+    ]
 
 
 def _collectives(args: argparse.Namespace, root: Path) -> dict[str, dict[str, list[int]]]:
@@ -599,6 +637,8 @@ def _steps_alone_lines(alone: dict[str, list[list[int]]], step_ms: float) -> lis
     ]
     for mode, base, what in (
         ("ddp-hook", "bare", "PyTorch's Python DDP comm hook (no recording)"),
+        ("hooks", "bare", "PyTorch's hooks for dtprof's phases, empty"),
+        ("dtprof-fixed", "bare", "dtprof's fixed cost: defaults, no user calls"),
         ("dtprof", "bare", "dtprof, everything on"),
         ("dtprof-nobuckets", "bare", "dtprof without DDP's buckets"),
         ("dtprof", "dtprof-nobuckets", "DDP's buckets, the default kernel (above)"),
