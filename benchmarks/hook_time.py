@@ -4,7 +4,8 @@ dtprof's per-step functions, measured in place on overhead.py's training step.
     python benchmarks/hook_time.py [--steps 300] [--rounds 3] [--tree PATH ...]
 
 Every function of dtprof's that the training thread runs at every step (the phase hooks,
-``prof.step()``, ``prof.log()``, a region's three calls) is wrapped in a timer, and
+``prof.step()``, ``prof.log()``, a region's three calls; also, inside the forward pre-hook,
+the counting of the forward pass's samples, shown apart and not summed) is wrapped in a timer, and
 overhead.py's step (DDP on a one-rank gloo group, MLP 4×512, batch 64, a region around the
 batch, the loss logged) runs ``--steps`` steps after 20 warm-up ones. The timer sees what a
 function costs where it runs: between torch's kernels, which push dtprof's code and data out
@@ -42,6 +43,7 @@ from dtprof.jobs.launch import free_port
 # what the training thread runs at every step, where it calls into dtprof
 FUNCTIONS = (
     "dtprof.record.phases:PhaseHooks._forward_pre",
+    "dtprof.record.throughput:StepWork.forward_begins",  # inside the pre-hook: the samples counted
     "dtprof.record.phases:PhaseHooks._forward_post",
     "dtprof.record.phases:PhaseHooks._optimizer_pre",
     "dtprof.record.phases:PhaseHooks._optimizer_post",
@@ -53,6 +55,7 @@ FUNCTIONS = (
     "dtprof.record.profiler:Profiler.log",
     "dtprof.record.profiler:Profiler.step",
 )
+NESTED = ("StepWork.forward_begins",)  # shown for its share of the one above, not summed
 # overhead.py's model and step, on a one-rank gloo group: what both processes below train
 MODEL = """
 import os, sys, time, torch
@@ -244,9 +247,10 @@ def main(argv: list[str] | None = None) -> int:
                 cells += f"{'-':>16}{'-':>16}"
                 continue
             per_step = med(r[1] for r in rounds)
-            totals[i] += per_step
+            if name not in NESTED:
+                totals[i] += per_step
             cells += f"{med(r[0] for r in rounds) / 1e3:>16.1f}{per_step / 1e3:>16.1f}"
-        lines.append(f"{name:<34}{cells}")
+        lines.append(f"{('  of which ' if name in NESTED else '') + name:<34}{cells}")
     lines.append(f"{'all, per step':<34}" + "".join(f"{'':>16}{t / 1e3:>16.1f}" for t in totals))
     lines.append(
         "PyTorch's own cost of calling a module with two empty hooks (forward pre-hook and hook)"
