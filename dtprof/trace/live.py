@@ -17,7 +17,7 @@ Columns, not rows, and MessagePack, not Arrow: at every flush the writer transpo
 tuples and encodes them in microseconds, where an Arrow record batch and its IPC write took
 about 100 µs per table. Packed numbers cost the flush no more than a list of them does, and the
 reader takes them as they are, where a list's values each become a Python object and then an
-Arrow value: the seal, which reads every row once, costs about half as much.
+Arrow value: a segment, which the seal reads whole, reads in 30-45% less time.
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ def rows_frame(rows: list[tuple[Any, ...]], table: Table) -> bytes:
 
 def _column(values: tuple[Any, ...], code: str | None) -> Any:
     """A column of a frame: packed where its type and values allow, nil where all are null,
-    else the list of values."""
+    else its values (a MessagePack array)."""
     if code is not None:
         try:
             packed = array(code, values)
@@ -253,8 +253,9 @@ def _array(parts: list[Any], frame_rows: list[int], dtype: pa.DataType) -> pa.Ar
             values = list(itertools.chain.from_iterable(part for part, _ in frames))
             arrays.append(pa.array(values, type=dtype))
         elif form is bytes:
-            packed = b"".join(part for part, _ in frames)
-            arrays.append(pa.array(np.frombuffer(packed, _PACKED[dtype][1]), type=dtype))
+            packed = np.frombuffer(b"".join(part for part, _ in frames), _PACKED[dtype][1])
+            native = packed.astype(packed.dtype.newbyteorder("="), copy=False)  # no copy on LE
+            arrays.append(pa.array(native, type=dtype))
         else:
             arrays.append(pa.nulls(sum(rows for _, rows in frames), type=dtype))
     return arrays[0] if len(arrays) == 1 else pa.concat_arrays(arrays)
