@@ -143,3 +143,14 @@ def test_an_unreadable_segment_is_named_and_a_vanished_one_is_not_an_error(tmp_p
         live.read(folder, STEPS)
     with pytest.raises(FileNotFoundError):
         live.read(tmp_path / live.segment_name(1), STEPS)
+
+
+def test_a_long_list_is_converted_in_pieces_and_read_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Lists longer than one conversion call (VALUES_PER_CALL) come back whole and in order."""
+    monkeypatch.setattr(live, "VALUES_PER_CALL", 2)
+    frames = [ROWS, ROWS[:1], ROWS]
+    data = live.header(COLLECTIVES) + b"".join(live.rows_frame(f, COLLECTIVES) for f in frames)
+    rows, _ = live.read(_segment(tmp_path, data), COLLECTIVES)
+    assert [tuple(r.values()) for r in rows.to_pylist()] == [r for f in frames for r in f]
