@@ -57,13 +57,8 @@ class Table:
 
     @functools.cached_property
     def schema(self) -> pa.Schema:
-        """Made once (the writer asks for it at every flush of every table)."""
+        """Made once (every read of a segment or part asks for it)."""
         return pa.schema([pa.field(c.name, c.type) for c in self.columns])
-
-    @functools.cached_property
-    def row_type(self) -> pa.StructType:
-        """A row as one Arrow struct: what the writer converts each flush's rows to."""
-        return pa.struct(self.schema)
 
     @functools.cached_property
     def empty(self) -> pa.Table:
