@@ -56,6 +56,17 @@ def empty_seal_s() -> dict[str, float]:
     return out
 
 
+def train_step(model: DDP, opt: torch.optim.Optimizer, x: torch.Tensor, prof: Any) -> None:
+    """One recorded step of the writer's benchmarks (this and seal_stall.py): forward,
+    backward, the optimizer's step, the loss logged."""
+    loss = model(x).square().mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    prof.log(loss=loss.detach())
+    prof.step()
+
+
 def measure(
     model: DDP,
     opt: torch.optim.Optimizer,
@@ -98,12 +109,7 @@ def measure(
                 t0 = time.perf_counter()
                 while time.perf_counter() - t0 < seconds:
                     began = time.perf_counter()
-                    loss = model(x).square().mean()
-                    loss.backward()
-                    opt.step()
-                    opt.zero_grad()
-                    prof.log(loss=loss.detach())
-                    prof.step()
+                    train_step(model, opt, x, prof)
                     steps += 1
                     time.sleep(max(0.0, step_ms / 1e3 - (time.perf_counter() - began)))
                 wall = time.perf_counter() - t0
