@@ -15,11 +15,14 @@ s after its profile starts: the writer's periodic cost is not in these figures
 (benchmarks/writer_cost.py measures it). The first step of each block is dropped (in dtprof's,
 it also counts the model's FLOPs, once per profile). Then tiny synchronous collectives are timed
 with and without dtprof on all ranks, interleaved, and dtprof's wrapper against the function it
-wraps in one process on a one-rank group, and a whole training step alone on a one-rank group
-(bare, PyTorch's Python DDP comm hook, the PyTorch hooks dtprof's phases use with empty bodies,
-dtprof with DDP's buckets seen at the dispatcher, through its comm hook, and not at all, and
-dtprof's fixed cost: its defaults with no region or logged loss, as ``dtprof run`` records a
-script): the precise per-step costs, free of the N ranks' scheduling
+wraps in one process on a one-rank group, and a training step alone in one process, as pairs of
+steps (``--pairs`` per mode): a replica trained under the mode and a bare one, in turn, step
+after step, the two swapping roles every quarter. The modes: bare against bare (the pairing's
+own error), the PyTorch hooks dtprof's phases use with empty bodies, dtprof with every hook on,
+and dtprof's fixed cost (its defaults with no region or logged loss, as ``dtprof run`` records
+a script) as is, without DDP's buckets and with the Python kernel. A pair's steps share the
+machine's state of the moment, so their difference is free of the drift that makes blocks of
+steps differ by tens of µs: the precise per-step costs, free of the N ranks' scheduling
 noise. Last, ``--jobs`` rounds of whole jobs launched as users launch them
 (benchmarks/launched_jobs.py): a DDP script bare and under ``dtprof run``, and a Hugging Face
 Trainer bare and with ``DtprofCallback``. Progress goes to stderr, the table to stdout; trace
@@ -57,13 +60,7 @@ VARIANTS = {
     "ddp-builtin-hook": "no recording; DDP with PyTorch's C++ builtin allreduce comm hook",
 }
 # Modes of the one-process view only (a training step alone), not of the N-rank job:
-ALONE_ONLY = {
-    "hooks": "no recording; the PyTorch hooks dtprof's phases use, with empty bodies",
-    "dtprof-fixed": "dtprof as a script is recorded unchanged (dtprof run): profile()'s defaults,"
-    " no region, no logged loss",
-}
 CLASSES = 16
-NO_FINGERPRINTS = ("dtprof-nofp", "dtprof-fixed")
 BUCKETS: dict[str, bool | str] = {"dtprof-nobuckets": False, "dtprof-commhook": "comm_hook"}
 GOAL, NOISY_GOAL = 1.01, 1.03
 
@@ -87,6 +84,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--fingerprint-every", type=int, default=10)
     p.add_argument("--calls", type=int, default=200, help="collectives per block and round")
+    p.add_argument(
+        "--pairs",
+        type=int,
+        default=2000,
+        help="pairs of steps per mode in the one-process view (2000: about ±15 us, 1 minute)",
+    )
     p.add_argument(
         "--jobs",
         type=int,
@@ -190,8 +193,8 @@ def _measure(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     collectives = _collectives(args, root)
     _log("dtprof's wrapper alone: one process, one-rank group")
     alone = _wrapper_alone(root)
-    _log("a training step alone: one process, one-rank group")
-    steps_alone = _steps_alone(args, root)
+    _log(f"a training step alone: one process, {args.pairs} pairs of steps per mode")
+    paired = _paired_steps(args, root)
     return {
         "kernel": kernel,
         "wall": wall,
@@ -199,20 +202,15 @@ def _measure(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         "sizes": sizes,
         "collectives": collectives,
         "alone": alone,
-        "steps_alone": steps_alone,
+        "paired": paired,
     }
 
 
-ALONE_MODES = (
-    "bare",
-    "ddp-hook",
-    "hooks",
-    "dtprof-fixed",
-    "dtprof-nobuckets",
-    "dtprof-commhook",
-    "dtprof-python",
-    "dtprof",
-)
+# The one-process view's modes, each paired with bare steps: "bare" (bare against bare: the
+# pairing itself costs nothing), "hooks", "dtprof" (every hook on), and dtprof's fixed cost as
+# `dtprof run` records a script (profile()'s defaults, no user calls) as is, without DDP's
+# buckets and with the Python kernel (DTPROF_NATIVE=0).
+PAIRED_MODES = ("bare", "hooks", "dtprof-fixed", "dtprof", "dtprof-nobuckets", "dtprof-python")
 HOOKED = ("ddp-hook", "ddp-builtin-hook", "dtprof-commhook")  # modes that leave a comm hook
 
 
@@ -242,31 +240,108 @@ def _replica(args: argparse.Namespace, mode: str, group: Any = None) -> tuple[An
     return model, torch.optim.SGD(model.parameters(), lr=0.01)
 
 
-def _steps_alone(args: argparse.Namespace, root: Path) -> dict[str, list[list[int]]]:
-    """On rank 0 while the others wait: per-step wall ns of the same training step on a
-    one-rank group (no other rank to share the CPUs with or wait for), bare, with PyTorch's
-    Python DDP comm hook and with dtprof three ways, in a random order each round: the precise
-    per-step cost."""
+def _paired_steps(args: argparse.Namespace, root: Path) -> dict[str, list[int]]:
+    """On rank 0 while the others wait: the per-step cost of each one-process mode, as
+    differences of paired steps. Two bare replicas of the model, each on a one-rank group of
+    its own, train in turn, step after step: one under the mode (recorded, or PyTorch's empty
+    hooks), the other bare. Steps next to each other share the machine's state of the moment,
+    so each pair's difference is free of the drift that makes blocks of steps differ by ±40 µs;
+    the replicas swap roles in every other part, which cancels what one replica costs more than
+    the other (measured here at up to 50 µs a step). Returns each mode's differences in ns, and
+    "bare": the bare steps' times."""
     import torch
     import torch.distributed as dist
 
-    rank = dist.get_rank()
-    groups = [dist.new_group([r]) for r in range(dist.get_world_size())]  # all ranks make all
-    out: dict[str, list[list[int]]] = {}
-    if rank == 0:
-        replicas = {_replica_of(m): _replica(args, _replica_of(m), groups[0]) for m in ALONE_MODES}
+    groups = [dist.new_group([0]) for _ in range(2)]  # every rank makes both
+    out: dict[str, list[int]] = {}
+    if dist.get_rank() == 0:
+        pair = [_replica(args, "bare", group) for group in groups]
         gen = torch.Generator().manual_seed(0)
-        out = {mode: [] for mode in ALONE_MODES}
-        for r in range(2 * args.rounds + 1):  # round 0 is a warm-up
-            for mode in random.Random(r).sample(ALONE_MODES, len(ALONE_MODES)):
-                wall, _, _ = _train(
-                    mode, *replicas[_replica_of(mode)], gen, args, args.steps + 1,
-                    root / f"alone-{r}-{mode}", group=groups[0],
-                )  # fmt: skip
-                if r:
-                    out[mode].append(wall[1:])
+        out = {mode: [] for mode in ("bare-times", *PAIRED_MODES)}
+        per_block = max(1, args.pairs // 4)
+        for part in range(4):
+            recorded, bare = pair if part % 2 == 0 else pair[::-1]
+            for mode in random.Random(part).sample(PAIRED_MODES, len(PAIRED_MODES)):
+                diffs, times = _paired_block(
+                    mode, recorded, bare, gen, args, per_block, root / f"paired-{part}-{mode}"
+                )
+                out[mode] += diffs
+                out["bare-times"] += times
+            _log(f"paired steps: part {part + 1}/4 done")
     dist.barrier()
     return out
+
+
+PAIRED_WARMUP = 10  # pairs dropped at the start of each block
+
+
+def _paired_block(
+    mode: str,
+    recorded: tuple[Any, Any],
+    bare: tuple[Any, Any],
+    gen: Any,
+    args: argparse.Namespace,
+    pairs: int,
+    trace: Path,
+) -> tuple[list[int], list[int]]:
+    """``pairs`` pairs of steps, the mode's replica and the bare one in turn (each goes first
+    every other pair): the differences and the bare steps' times, in ns."""
+    import torch
+    from torch import nn
+
+    import dtprof
+
+    loss_fn = nn.CrossEntropyLoss()
+    prof: Any = None
+    everything = mode == "dtprof"  # fingerprints, the watchdog, a region and a logged loss
+
+    def step(model: Any, opt: Any, prof: Any) -> int:
+        start = time.perf_counter_ns()
+        with prof.region("data") if everything and prof else contextlib.nullcontext():
+            x = torch.randn(args.batch, args.width, generator=gen)
+            y = torch.randint(0, CLASSES, (args.batch,), generator=gen)
+        loss = loss_fn(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if prof is not None:
+            if everything:
+                prof.log(loss=loss)
+            prof.step()
+        return time.perf_counter_ns() - start
+
+    ctx: Any = contextlib.nullcontext()
+    handles = _empty_hooks(*recorded) if mode == "hooks" else []
+    if mode.startswith("dtprof"):
+        ctx = dtprof.profile(
+            trace,
+            model=recorded[0],
+            optimizer=recorded[1],
+            fingerprint_every=args.fingerprint_every if everything else 0,
+            ddp_buckets=BUCKETS.get(mode, True),
+            hang_timeout_s=60 if everything else None,
+            clock_sync=False,
+        )
+    if mode == "dtprof-python":
+        os.environ["DTPROF_NATIVE"] = "0"  # read when the profile starts
+    diffs, times = [], []
+    try:
+        with ctx as prof:
+            for i in range(pairs + PAIRED_WARMUP):
+                if i % 2:
+                    mine = step(*recorded, prof)
+                    theirs = step(*bare, None)
+                else:
+                    theirs = step(*bare, None)
+                    mine = step(*recorded, prof)
+                if i >= PAIRED_WARMUP:
+                    diffs.append(mine - theirs)
+                    times.append(theirs)
+    finally:
+        os.environ.pop("DTPROF_NATIVE", None)
+        for handle in handles:
+            handle.remove()
+    return diffs, times
 
 
 def _train(
@@ -277,11 +352,9 @@ def _train(
     args: argparse.Namespace,
     steps: int,
     trace: Path,
-    group: Any = None,
 ) -> tuple[list[int], list[int], Any]:
-    """``steps`` training steps in ``mode``: each step's wall and CPU ns, and the profiler.
-    Ranks start together on ``group`` (default the world); on a group of one rank dtprof
-    does not synchronize clocks, which would take the whole world."""
+    """``steps`` training steps in ``mode`` on every rank: each step's wall and CPU ns, and the
+    profiler."""
     import torch
     import torch.distributed as dist
     from torch import nn
@@ -295,36 +368,31 @@ def _train(
             trace,
             model=None if mode == "dtprof-nomodel" else model,
             optimizer=None if mode == "dtprof-nomodel" else opt,
-            fingerprint_every=0
-            if mode in ("dtprof-nofp", "dtprof-fixed")
-            else args.fingerprint_every,
+            fingerprint_every=0 if mode == "dtprof-nofp" else args.fingerprint_every,
             ddp_buckets=BUCKETS.get(mode, True),
-            hang_timeout_s=None if mode == "dtprof-fixed" else 60,
-            clock_sync=group is None,
+            hang_timeout_s=60,
         )
     elif mode == "torch.profiler":
         ctx = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
     recorded = mode.startswith("dtprof")
-    user_calls = recorded and mode != "dtprof-fixed"  # a region and a logged loss each step
-    handles = _empty_hooks(model, opt) if mode == "hooks" else []
     if mode == "dtprof-python":
         os.environ["DTPROF_NATIVE"] = "0"  # read when the profile starts
     else:
         os.environ.pop("DTPROF_NATIVE", None)
     wall, cpu = [], []
-    dist.barrier(group=group)
+    dist.barrier()
     with ctx as prof:
-        dist.barrier(group=group)  # every rank starts measuring together, after its start
+        dist.barrier()  # every rank starts measuring together, after its start
         last, last_cpu = time.perf_counter_ns(), time.process_time_ns()
         for _ in range(steps):
-            with prof.region("data") if user_calls else contextlib.nullcontext():
+            with prof.region("data") if recorded else contextlib.nullcontext():
                 x = torch.randn(args.batch, args.width, generator=gen)
                 y = torch.randint(0, CLASSES, (args.batch,), generator=gen)
             loss = loss_fn(model(x), y)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
-            if user_calls:
+            if recorded:
                 prof.log(loss=loss)
             if recorded or mode == "torch.profiler":
                 prof.step()
@@ -332,8 +400,6 @@ def _train(
             wall.append(now - last)
             cpu.append(now_cpu - last_cpu)
             last, last_cpu = now, now_cpu
-    for handle in handles:
-        handle.remove()
     return wall, cpu, prof
 
 
@@ -429,7 +495,7 @@ def run_job(args: argparse.Namespace, root: Path) -> list[dict[str, Any]] | None
     from dtprof.jobs import launch
 
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", str(root)]
-    for name in ("steps", "rounds", "warmup", "width", "depth", "batch", "calls"):
+    for name in ("steps", "rounds", "warmup", "width", "depth", "batch", "calls", "pairs"):
         cmd += [f"--{name}", str(getattr(args, name))]
     cmd += ["--fingerprint-every", str(args.fingerprint_every), "--modes", ",".join(args.modes)]
     cmd += ["--timeout-s", str(args.timeout_s)]
@@ -553,7 +619,7 @@ def report(args: argparse.Namespace, ranks: list[dict[str, Any]]) -> tuple[str, 
             f"  {name:<23} the wrapper alone, 1 process: {med(diffs) / 1e3:+6.2f} us"
             f" [p10 {_decile(diffs, 1) / 1e3:+.2f}, p90 {_decile(diffs, 9) / 1e3:+.2f}]"
         )
-    lines += _steps_alone_lines(ranks[0]["steps_alone"], med(flat_bare))
+    lines += _paired_lines(ranks[0]["paired"], med(flat_bare))
     sizes = [r["sizes"] for r in ranks]
     parts = {k: statistics.mean(s["long_parts"][k] for s in sizes) for k in sizes[0]["long_parts"]}
     long_b, block_b = sum(parts.values()), statistics.mean(s["block_bytes"] for s in sizes)
@@ -621,34 +687,36 @@ def _against(lo: float, hi: float, goal: float) -> str:
     return f"{goal} inside it (not told apart)"
 
 
-def _steps_alone_lines(alone: dict[str, list[list[int]]], step_ms: float) -> list[str]:
-    """Per-step cost in one process: each mode's median over bare's, per round, then the
-    median of those rounds; and what that is of the N-rank job's median step."""
-    med = statistics.median
+def _paired_lines(paired: dict[str, list[int]], step_ms: float) -> list[str]:
+    """Per-step cost in one process: the mean difference of paired steps, with its 90% interval
+    (1.645 standard errors), and what that is of the N-rank job's median step."""
 
-    def cost(mode: str, base: str) -> list[float]:
-        return [(med(a) - med(b)) / 1e3 for a, b in zip(alone[mode], alone[base], strict=True)]
+    def mean_us(mode: str) -> tuple[float, float]:
+        diffs = paired[mode]
+        return statistics.fmean(diffs) / 1e3, 1.645 * statistics.stdev(diffs) / len(
+            diffs
+        ) ** 0.5 / 1e3
 
-    bare_ms = med(t for rnd in alone["bare"] for t in rnd) / 1e6
+    bare_ms = statistics.median(paired["bare-times"]) / 1e6
     lines = [
         "",
-        f"cost per training step alone (1 process, one-rank group, {len(alone['bare'])} rounds;"
-        f" bare step {bare_ms:.2f} ms; % of the {step_ms:.2f} ms step of the job above):",
+        f"cost per training step alone (1 process, one-rank groups, {len(paired['bare'])} pairs"
+        f" of steps per mode; bare step {bare_ms:.2f} ms; % of the {step_ms:.2f} ms step of the"
+        " job above); the training thread's, the writer thread's periodic work apart"
+        " (benchmarks/writer_cost.py):",
     ]
-    for mode, base, what in (
-        ("ddp-hook", "bare", "PyTorch's Python DDP comm hook (no recording)"),
-        ("hooks", "bare", "PyTorch's hooks for dtprof's phases, empty"),
-        ("dtprof-fixed", "bare", "dtprof's fixed cost: defaults, no user calls"),
-        ("dtprof", "bare", "dtprof, everything on"),
-        ("dtprof-nobuckets", "bare", "dtprof without DDP's buckets"),
-        ("dtprof", "dtprof-nobuckets", "DDP's buckets, the default kernel (above)"),
-        ("dtprof-python", "dtprof-nobuckets", "DDP's buckets, the Python kernel"),
-        ("dtprof-commhook", "dtprof-nobuckets", "DDP's buckets, through dtprof's comm hook"),
+    for mode, what in (
+        ("bare", "bare against bare (the pairing's own error)"),
+        ("hooks", "PyTorch's hooks for dtprof's phases, empty"),
+        ("dtprof-fixed", "dtprof's fixed cost: defaults, no user calls"),
+        ("dtprof", "dtprof, everything on"),
+        ("dtprof-nobuckets", "the fixed cost without DDP's buckets"),
+        ("dtprof-python", "the fixed cost, DDP's buckets and backward in Python"),
     ):
-        us = cost(mode, base)
+        us, error = mean_us(mode)
         lines.append(
-            f"  {what:<46} {med(us):+7.1f} us [p10 {_decile(us, 1):+.1f}, p90"
-            f" {_decile(us, 9):+.1f}] = {med(us) / 10 / step_ms:+.2f}%"
+            f"  {what:<54} {us:+7.1f} us [{us - error:+.1f}, {us + error:+.1f}]"
+            f" = {us / 10 / step_ms:+.2f}%"
         )
     return lines
 
