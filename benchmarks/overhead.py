@@ -18,12 +18,13 @@ with and without dtprof on all ranks, interleaved, and dtprof's wrapper against 
 wraps in one process on a one-rank group, and a training step alone in one process, as pairs of
 steps (``--pairs`` per mode): a replica trained under the mode and a bare one, in turn, step
 after step, the two swapping roles every quarter. The modes: bare against bare (the pairing's
-own error), the PyTorch hooks dtprof's phases use with empty bodies, dtprof with every hook on,
-and dtprof's fixed cost (its defaults with no region or logged loss, as ``dtprof run`` records
-a script) as is, without DDP's buckets and with the Python kernel. A pair's steps share the
-machine's state of the moment, so their difference is free of the drift that makes blocks of
-steps differ by tens of µs: the precise per-step costs, free of the N ranks' scheduling
-noise. Last, ``--jobs`` rounds of whole jobs launched as users launch them
+own error), the PyTorch hooks dtprof's phases use with empty bodies, the script recorded as
+``dtprof run`` and the integrations record it (dtprof.record.auto's session: the loss logged
+at each step, torch's functions wrapped), dtprof with every hook on, and dtprof's fixed cost
+(``profile()``'s defaults with no user calls) as is, without DDP's buckets and with the Python
+kernel. A pair's steps share the machine's state of the moment, so their difference is free of
+the drift that makes blocks of steps differ by tens of µs: the precise per-step costs, free of
+the N ranks' scheduling noise. Last, ``--jobs`` rounds of whole jobs launched as users launch them
 (benchmarks/launched_jobs.py): a DDP script bare and under ``dtprof run``, and a Hugging Face
 Trainer bare and with ``DtprofCallback``. Progress goes to stderr, the table to stdout; trace
 folders are temporary and removed at the end.
@@ -207,10 +208,19 @@ def _measure(args: argparse.Namespace, root: Path) -> dict[str, Any]:
 
 
 # The one-process view's modes, each paired with bare steps: "bare" (bare against bare: the
-# pairing itself costs nothing), "hooks", "dtprof" (every hook on), and dtprof's fixed cost as
-# `dtprof run` records a script (profile()'s defaults, no user calls) as is, without DDP's
-# buckets and with the Python kernel (DTPROF_NATIVE=0).
-PAIRED_MODES = ("bare", "hooks", "dtprof-fixed", "dtprof", "dtprof-nobuckets", "dtprof-python")
+# pairing itself costs nothing), "hooks", "dtprof-run" (a script recorded as `dtprof run` and
+# the integrations record it: the session of dtprof.record.auto), "dtprof" (every hook on), and
+# dtprof's fixed cost: profile()'s defaults with no user calls, as is, without DDP's buckets and
+# with the Python kernel (DTPROF_NATIVE=0).
+PAIRED_MODES = (
+    "bare",
+    "hooks",
+    "dtprof-run",
+    "dtprof-fixed",
+    "dtprof",
+    "dtprof-nobuckets",
+    "dtprof-python",
+)
 HOOKED = ("ddp-hook", "ddp-builtin-hook", "dtprof-commhook")  # modes that leave a comm hook
 
 
@@ -290,21 +300,34 @@ def _paired_block(
     from torch import nn
 
     import dtprof
+    from dtprof.record import auto
 
     loss_fn = nn.CrossEntropyLoss()
     prof: Any = None
     everything = mode == "dtprof"  # fingerprints, the watchdog, a region and a logged loss
+    session = None
+    if mode == "dtprof-run":
+        # what `dtprof run` opens in each process (the integrations too), told the model as
+        # they tell it; its wrappers of torch (Tensor.backward, torch.optim's global step
+        # hooks) stay for the process, as they do under `dtprof run`
+        session = auto.open_session(str(trace), {"clock_sync": False}, starts_itself=False)
+    # the bare steps call autograd directly: under the session, Tensor.backward would add their
+    # loss to the recorded one (a real job has one model)
+    bare_backward = torch.autograd.backward if session is not None else None
 
-    def step(model: Any, opt: Any, prof: Any) -> int:
+    def step(model: Any, opt: Any, prof: Any, mine: bool) -> int:
         start = time.perf_counter_ns()
-        with prof.region("data") if everything and prof else contextlib.nullcontext():
+        with prof.region("data") if everything and mine else contextlib.nullcontext():
             x = torch.randn(args.batch, args.width, generator=gen)
             y = torch.randint(0, CLASSES, (args.batch,), generator=gen)
         loss = loss_fn(model(x), y)
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        if not mine and bare_backward is not None:
+            bare_backward(loss)
+        else:
+            loss.backward()
         opt.step()
-        if prof is not None:
+        if mine and prof is not None:
             if everything:
                 prof.log(loss=loss)
             prof.step()
@@ -312,7 +335,9 @@ def _paired_block(
 
     ctx: Any = contextlib.nullcontext()
     handles = _empty_hooks(*recorded) if mode == "hooks" else []
-    if mode.startswith("dtprof"):
+    if session is not None:
+        ctx = _session_open(session, recorded[0])
+    elif mode.startswith("dtprof"):
         ctx = dtprof.profile(
             trace,
             model=recorded[0],
@@ -328,12 +353,12 @@ def _paired_block(
     try:
         with ctx as prof:
             for i in range(pairs + PAIRED_WARMUP):
-                if i % 2:
-                    mine = step(*recorded, prof)
-                    theirs = step(*bare, None)
+                if i % 2 or (session is not None and i == 0):  # the session's optimizer first
+                    mine = step(*recorded, prof, True)
+                    theirs = step(*bare, prof, False)
                 else:
-                    theirs = step(*bare, None)
-                    mine = step(*recorded, prof)
+                    theirs = step(*bare, prof, False)
+                    mine = step(*recorded, prof, True)
                 if i >= PAIRED_WARMUP:
                     diffs.append(mine - theirs)
                     times.append(theirs)
@@ -342,6 +367,18 @@ def _paired_block(
         for handle in handles:
             handle.remove()
     return diffs, times
+
+
+@contextlib.contextmanager
+def _session_open(session: Any, model: Any) -> Any:
+    """The session started and told the model, as an integration does; the script's own calls
+    (prof.step(), prof.log()) left to the session, which makes them: None as the profiler."""
+    session.start()
+    session.use_model(model)
+    try:
+        yield None
+    finally:
+        session.end()
 
 
 def _train(
@@ -708,6 +745,7 @@ def _paired_lines(paired: dict[str, list[int]], step_ms: float) -> list[str]:
     for mode, what in (
         ("bare", "bare against bare (the pairing's own error)"),
         ("hooks", "PyTorch's hooks for dtprof's phases, empty"),
+        ("dtprof-run", "a script recorded by dtprof run (or an integration)"),
         ("dtprof-fixed", "dtprof's fixed cost: defaults, no user calls"),
         ("dtprof", "dtprof, everything on"),
         ("dtprof-nobuckets", "the fixed cost without DDP's buckets"),
