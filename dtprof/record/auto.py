@@ -56,9 +56,8 @@ class Session:
     def __init__(self, trace: str, options: dict[str, Any], *, starts_itself: bool) -> None:
         self.trace, self.options = trace, options
         self.starts_itself = starts_itself
-        self.pid = os.getpid()
         self.prof: Profiler | None = None
-        self.over = False  # ended, or never to start: every hook does nothing
+        self.over = False  # ended, never to start, or in a forked child: every hook does nothing
         self.optimizer: Any = None  # the one whose steps are the training steps
         self.model: torch.nn.Module | None = None  # a DDP wrapper, as soon as it is made
         self.schedule: Any = None
@@ -71,12 +70,12 @@ class Session:
 
     @property
     def recording(self) -> bool:
-        return self.prof is not None and not self.over and os.getpid() == self.pid
+        return self.prof is not None and not self.over
 
     # ------------------------------------------------------------------ start and end
 
     def start(self) -> None:
-        if self.prof is not None or self.over or os.getpid() != self.pid:
+        if self.prof is not None or self.over:
             return
         prof = profile(self.trace, **self.options).__enter__()
         if not isinstance(prof, Profiler):  # it said why, or DTPROF_DISABLE
@@ -218,6 +217,12 @@ def _holding_most(roots: list[torch.nn.Module], optimizer: Any) -> torch.nn.Modu
     return best
 
 
+def _forked() -> None:
+    """In a forked child (a data loader's worker, say), the parent's session records nothing."""
+    if _session is not None:
+        _session.over = True
+
+
 def _launched_as_many() -> bool:
     """Whether a launcher started this process as one of several (torchrun sets WORLD_SIZE)."""
     try:
@@ -232,6 +237,8 @@ def _launched_as_many() -> bool:
 _session: Session | None = None  # the session the wrapped functions report to
 _watching = False
 _schedules_watched: set[type] = set()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
 
 
 def torch_imported(module: ModuleType) -> None:
@@ -255,10 +262,15 @@ def open_session(trace: str, options: dict[str, Any], *, starts_itself: bool) ->
 
 
 def _on(event: str, *args: Any) -> None:
-    """Tell the current session what the script did; never raises."""
+    """Tell the current session what the script did; never raises. (It runs a few times a step,
+    right after torch's kernels, where each Python frame costs a microsecond or two: so the
+    session's method is called here, not through guarded().)"""
     session = _session
     if session is not None and not session.over:
-        guarded(lambda: getattr(session, event)(*args))
+        try:
+            getattr(session, event)(*args)
+        except Exception as exc:
+            _stop(exc)
 
 
 def _watch() -> None:
@@ -312,8 +324,8 @@ def _watch() -> None:
     optim.__init__ = _after(optim.__init__, lambda *a, **k: _on("optimizer_made"))  # type: ignore[method-assign]
     ddp = torch.nn.parallel.DistributedDataParallel
     ddp.__init__ = _after(ddp.__init__, lambda self, *a, **k: _on("ddp_made", self))  # type: ignore[method-assign]
-    optimizer_hooks.register_optimizer_step_pre_hook(lambda *a: _on("optimizer_pre", *a))
-    optimizer_hooks.register_optimizer_step_post_hook(lambda *a: _on("optimizer_post", *a))
+    optimizer_hooks.register_optimizer_step_pre_hook(functools.partial(_on, "optimizer_pre"))
+    optimizer_hooks.register_optimizer_step_post_hook(functools.partial(_on, "optimizer_post"))
     torch.Tensor.backward = tensor_backward  # type: ignore[method-assign]
     torch.amp.GradScaler.scale = scale_loss  # type: ignore[method-assign]
     atexit.register(lambda: _on("end"))
