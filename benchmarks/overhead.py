@@ -89,7 +89,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "--pairs",
         type=int,
         default=2000,
-        help="pairs of steps per mode in the one-process view (2000: about ±15 us, 1 minute)",
+        help="pairs of steps per mode in the one-process view (2000: about ±25 us, 4 minutes)",
     )
     p.add_argument(
         "--jobs",
@@ -258,7 +258,7 @@ def _paired_steps(args: argparse.Namespace, root: Path) -> dict[str, list[int]]:
     so each pair's difference is free of the drift that makes blocks of steps differ by ±40 µs;
     the replicas swap roles in every other part, which cancels what one replica costs more than
     the other (measured here at up to 50 µs a step). Returns each mode's differences in ns, and
-    "bare": the bare steps' times."""
+    "bare-times": the bare steps' times."""
     import torch
     import torch.distributed as dist
 
@@ -730,9 +730,8 @@ def _paired_lines(paired: dict[str, list[int]], step_ms: float) -> list[str]:
 
     def mean_us(mode: str) -> tuple[float, float]:
         diffs = paired[mode]
-        return statistics.fmean(diffs) / 1e3, 1.645 * statistics.stdev(diffs) / len(
-            diffs
-        ) ** 0.5 / 1e3
+        error = 1.645 * statistics.stdev(diffs) / len(diffs) ** 0.5
+        return statistics.fmean(diffs) / 1e3, error / 1e3
 
     bare_ms = statistics.median(paired["bare-times"]) / 1e6
     lines = [
