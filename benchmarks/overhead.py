@@ -303,7 +303,6 @@ def _paired_block(
     from dtprof.record import auto
 
     loss_fn = nn.CrossEntropyLoss()
-    prof: Any = None
     everything = mode == "dtprof"  # fingerprints, the watchdog, a region and a logged loss
     session = None
     if mode == "dtprof-run":

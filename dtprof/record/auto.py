@@ -263,14 +263,11 @@ def open_session(trace: str, options: dict[str, Any], *, starts_itself: bool) ->
 
 def _on(event: str, *args: Any) -> None:
     """Tell the current session what the script did; never raises. (It runs a few times a step,
-    right after torch's kernels, where each Python frame costs a microsecond or two: so the
-    session's method is called here, not through guarded().)"""
+    right after torch's kernels, where each Python frame costs a microsecond or two: no lambda
+    between it and the session's method.)"""
     session = _session
     if session is not None and not session.over:
-        try:
-            getattr(session, event)(*args)
-        except Exception as exc:
-            _stop(exc)
+        guarded(getattr(session, event), *args)
 
 
 def _watch() -> None:
@@ -352,7 +349,7 @@ def _after(function: Callable[..., Any], then: Callable[..., None]) -> Callable[
     @functools.wraps(function)
     def call(*args: Any, **kwargs: Any) -> Any:
         result = function(*args, **kwargs)
-        guarded(lambda: then(*args, **kwargs))
+        guarded(then, *args, **kwargs)
         return result
 
     return call
@@ -363,16 +360,17 @@ def _before(function: Callable[..., Any], first: Callable[..., None]) -> Callabl
 
     @functools.wraps(function)
     def call(*args: Any, **kwargs: Any) -> Any:
-        guarded(lambda: first(*args, **kwargs))
+        guarded(first, *args, **kwargs)
         return function(*args, **kwargs)
 
     return call
 
 
-def guarded(work: Callable[[], None]) -> None:
-    """Run a piece of the recording; where it raises, recording stops, the script goes on."""
+def guarded(work: Callable[..., None], *args: Any, **kwargs: Any) -> None:
+    """Run a piece of the recording, work(*args, **kwargs); where it raises, recording stops,
+    the script goes on."""
     try:
-        work()
+        work(*args, **kwargs)
     except Exception as exc:
         _stop(exc)
 
