@@ -65,7 +65,7 @@ class Session:
         self.depth = 0
         self.module_hooks: list[Any] = []
         self.first_forward = True
-        self.loss: torch.Tensor | None = None
+        self.loss: torch.Tensor | float | None = None  # this step's, summed over its backwards
         self.scaled: tuple[torch.Tensor, torch.Tensor] | None = None  # (output, its scale)
 
     @property
@@ -199,7 +199,16 @@ class Session:
     def backward(self, tensor: torch.Tensor) -> None:
         if not self.recording or tensor.numel() != 1:
             return
-        loss = tensor.detach()
+        # a plain CPU loss is read at once, as a float: no tensor operation (detach, add) to
+        # pay for through torch's dispatcher right after the forward's kernels; any other (on
+        # a device, a subclass) stays a tensor, detached, until the step's end logs it
+        prof = self.prof
+        assert prof is not None
+        loss: torch.Tensor | float
+        if tensor.is_cpu and type(tensor) is torch.Tensor:
+            loss = prof.read_scalar(tensor)
+        else:
+            loss = tensor.detach()
         if self.scaled is not None and self.scaled[0] is tensor:
             loss = loss / self.scaled[1]
         self.scaled = None

@@ -211,7 +211,9 @@ class Profiler:
         self._removers: dict[str, list[Any]] = {}
         self._warned: set[str] = set()
         self.logged_work: set[str] = set()  # of WORK_NAMES, those the script logs itself
-        self._read_scalar: Any = torch.Tensor.item  # a logged CPU tensor's value (see _attach)
+        # a CPU tensor's value as a float: item(), or the native kernel's reader once loaded
+        # (see attach); also how dtprof run's session reads the loss it sees
+        self.read_scalar: Any = torch.Tensor.item
         # logged device scalars on their way to the host: (step, name, copy, arrival event)
         self._pending_scalars: deque[tuple[int, str, torch.Tensor, Any]] = deque()
         self._scalars_lock = threading.Lock()  # the writer thread and exit both resolve them
@@ -405,7 +407,7 @@ class Profiler:
                 self.phases.add_optimizer(stepped_optimizer(optimizer))
         kernel = native.loaded()  # by the phase hooks or DDP's buckets: never for logging alone
         if kernel is not None:
-            self._read_scalar = kernel.read_scalar
+            self.read_scalar = kernel.read_scalar
         if schedule is not None:
             self.pipeline = schedule
             self.note_meta(pipeline=pipeline.describe(schedule, self.rank))
@@ -483,7 +485,7 @@ class Profiler:
                     if not value.is_cpu:
                         self._pending_scalars.append((step, name, *copy_for_later(value)))
                         continue
-                    value = self._read_scalar(value)
+                    value = self.read_scalar(value)
                 self.scalars.append((step, name, float(value)))
         except Exception as exc:
             self.hook_failed("log", exc)

@@ -327,7 +327,7 @@ def test_the_native_kernel_reads_a_logged_tensor_as_item_does() -> None:
 def test_a_logged_tensor_holds_its_value_at_the_log(tmp_path: Path, kernel: str) -> None:
     model = torch.nn.Linear(2, 1)
     with dtprof.profile(tmp_path, model=model, clock_sync=False) as prof:
-        reader = prof._read_scalar  # type: ignore[union-attr]
+        reader = prof.read_scalar  # type: ignore[union-attr]
         assert reader.__name__ == ("read_scalar" if kernel == "native" else "item")
         for step in range(3):
             loss = model(torch.ones(1, 2)).sum() * 0 + step + 0.5

@@ -114,28 +114,3 @@ def test_the_job_keeps_its_environment_where_other_commands_tune_theirs(tmp_path
     done = subprocess.run([sys.executable, "-c", own], env=user_set, capture_output=True, text=True)
     blas, _, huge = done.stdout.split()
     assert (blas, huge) == ("2", "1"), done.stderr  # the user's own settings stay
-
-
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
-def test_a_forked_child_of_a_recorded_script_records_nothing(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A data loader's worker is a fork of the training process: the session it inherits must
-    not record there (nor its end close the parent's trace), while the parent's goes on."""
-    from dtprof.record import auto
-
-    session = auto.Session(str(tmp_path / "trace"), {"clock_sync": False}, starts_itself=False)
-    monkeypatch.setattr(auto, "_session", session)
-    session.start()
-    try:
-        assert session.recording
-        pid = os.fork()
-        if pid == 0:  # the child: no pytest from here, only an exit code
-            auto._on("end")  # what its exit would do
-            os._exit(0 if not session.recording and session.prof.active else 1)
-        _, status = os.waitpid(pid, 0)
-        assert os.waitstatus_to_exitcode(status) == 0
-        assert session.recording
-    finally:
-        session.end()
-    assert not session.recording
