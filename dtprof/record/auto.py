@@ -185,6 +185,8 @@ class Session:
             return
         prof = self.prof
         assert prof is not None
+        if _first_steps is not None:
+            unwatch_first_steps()
         if self.loss is not None:
             prof.log(loss=self.loss)
             self.loss = None
@@ -245,6 +247,7 @@ def _launched_as_many() -> bool:
 
 _session: Session | None = None  # the session the wrapped functions report to
 _watching = False
+_first_steps: Any = None  # torch.optim's global step pre-hook while a session awaits its optimizer
 _schedules_watched: set[type] = set()
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forked)
@@ -267,7 +270,29 @@ def open_session(trace: str, options: dict[str, Any], *, starts_itself: bool) ->
         return session
     _session = session
     _watch()
+    _watch_first_steps()
     return session
+
+
+def _watch_first_steps() -> None:
+    """torch.optim's global step pre-hook, by which the session finds its optimizer (and one
+    that trains alone starts) at the first step; unwatch_first_steps() removes it."""
+    global _first_steps
+    if _first_steps is None:
+        import torch.optim.optimizer as optimizer_hooks
+
+        hook = functools.partial(_on, "optimizer_pre")
+        _first_steps = optimizer_hooks.register_optimizer_step_pre_hook(hook)
+
+
+def unwatch_first_steps() -> None:
+    """Remove the pre-hook once the session has its optimizer: after that it had nothing to
+    do at each step but cost a few Python frames (never from inside the pre-hooks' own loop,
+    which a removal would break)."""
+    global _first_steps
+    if _first_steps is not None:
+        _first_steps.remove()
+        _first_steps = None
 
 
 def _on(event: str, *args: Any) -> None:
@@ -330,7 +355,6 @@ def _watch() -> None:
     optim.__init__ = _after(optim.__init__, lambda *a, **k: _on("optimizer_made"))  # type: ignore[method-assign]
     ddp = torch.nn.parallel.DistributedDataParallel
     ddp.__init__ = _after(ddp.__init__, lambda self, *a, **k: _on("ddp_made", self))  # type: ignore[method-assign]
-    optimizer_hooks.register_optimizer_step_pre_hook(functools.partial(_on, "optimizer_pre"))
     optimizer_hooks.register_optimizer_step_post_hook(functools.partial(_on, "optimizer_post"))
     torch.Tensor.backward = tensor_backward  # type: ignore[method-assign]
     torch.amp.GradScaler.scale = scale_loss  # type: ignore[method-assign]

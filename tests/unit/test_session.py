@@ -48,6 +48,44 @@ def test_a_steps_loss_is_its_backwards_summed_and_unscaled(tmp_path: Path, kerne
     assert logged["value"].tolist() == [0.25, 2.25, 4.25]
 
 
+def test_the_optimizers_pre_hook_goes_once_the_session_has_its_optimizer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch.optim's global pre-hook finds the session's optimizer at its first step and is
+    then removed (it would only cost time); the next session registers it again."""
+    import functools
+
+    import torch.optim.optimizer as optimizer_hooks
+
+    pre_hooks = optimizer_hooks._global_optimizer_pre_hooks
+    hooks_before = len(pre_hooks)
+    monkeypatch.setattr(auto, "_first_steps", None)
+    post = optimizer_hooks.register_optimizer_step_post_hook(
+        functools.partial(auto._on, "optimizer_post")
+    )
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    try:
+        for trace in ("first", "second"):
+            session = auto.Session(
+                str(tmp_path / trace), {"clock_sync": False}, starts_itself=False
+            )
+            monkeypatch.setattr(auto, "_session", session)
+            auto._watch_first_steps()
+            assert len(pre_hooks) == hooks_before + 1
+            session.start()
+            for _ in range(3):
+                model(torch.ones(1, 2)).sum().backward()
+                optimizer.step()
+                assert len(pre_hooks) == hooks_before
+            session.end()
+            assert session.optimizer is optimizer
+            assert len(dtprof.load_trace(tmp_path / trace).steps) == 3
+    finally:
+        post.remove()
+        auto.unwatch_first_steps()
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
 def test_a_forked_child_of_a_recorded_script_records_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
