@@ -41,6 +41,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.utils.hooks import RemovableHandle
 
 from dtprof.record.profiler import Profiler, profile
 
@@ -247,7 +248,8 @@ def _launched_as_many() -> bool:
 
 _session: Session | None = None  # the session the wrapped functions report to
 _watching = False
-_first_steps: Any = None  # torch.optim's global step pre-hook while a session awaits its optimizer
+# torch.optim's global step pre-hook, while a session awaits its optimizer
+_first_steps: RemovableHandle | None = None
 _schedules_watched: set[type] = set()
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forked)
