@@ -1,13 +1,18 @@
 """Where recording's time goes on the training thread, natively: the time spent inside each of
 dtprof's per-step functions, measured in place on overhead.py's training step.
 
-    python benchmarks/hook_time.py [--steps 300] [--rounds 3] [--tree PATH ...]
+    python benchmarks/hook_time.py [--steps 300] [--rounds 3] [--session] [--micro-batches N]
+                                   [--tree PATH ...]
 
 Every function of dtprof's that the training thread runs at every step (the phase hooks,
 ``prof.step()``, ``prof.log()``, a region's three calls; also, inside the forward pre-hook,
 the counting of the forward pass's samples, shown apart and not summed) is wrapped in a timer, and
 overhead.py's step (DDP on a one-rank gloo group, MLP 4×512, batch 64, a region around the
-batch, the loss logged) runs ``--steps`` steps after 20 warm-up ones. The timer sees what a
+batch, the loss logged) runs ``--steps`` steps after 20 warm-up ones. ``--session`` records
+the step as ``dtprof run`` and the integrations do (dtprof.record.auto's session, told the
+model; the script calls no region, log or step: the session's methods, which torch's wrapped
+functions and hooks call, are timed instead). ``--micro-batches N`` runs N forward and backward
+passes per optimizer step (gradient accumulation). The timer sees what a
 function costs where it runs: between torch's kernels, which push dtprof's code and data out
 of the caches, so that a few lines of Python cost microseconds there (the same calls in a
 tight loop cost a tenth of that). A few µs timed directly are precise (p10 about 15% under the
@@ -52,10 +57,14 @@ FUNCTIONS = (
     "dtprof.record.profiler:Profiler.region",
     "dtprof.record.profiler:_Region.__enter__",
     "dtprof.record.profiler:_Region.__exit__",
+    "dtprof.record.auto:Session.backward",  # dtprof run's session (--session)
+    "dtprof.record.auto:Session.optimizer_pre",
+    "dtprof.record.auto:Session.optimizer_post",
     "dtprof.record.profiler:Profiler.log",
     "dtprof.record.profiler:Profiler.step",
 )
 NESTED = ("StepWork.forward_begins",)  # shown for its share of the one above, not summed
+INSIDE_THE_SESSION = ("Profiler.log", "Profiler.step")  # called by Session.optimizer_post
 # overhead.py's model and step, on a one-rank gloo group: what both processes below train
 MODEL = """
 import os, sys, time, torch
@@ -77,7 +86,7 @@ now = time.perf_counter_ns
 TRAIN = (
     MODEL
     + """
-import importlib, json, tempfile
+import contextlib, importlib, json, tempfile
 import dtprof
 steps = int(sys.argv[1])
 times = {}
@@ -96,24 +105,38 @@ for target in json.loads(os.environ["FUNCTIONS"]):
         finally:
             __spent.append(now() - start)
     setattr(owner, name, timed)
+micro_batches = int(os.environ["MICRO_BATCHES"])
 def train(n):
     for _ in range(n):
-        with prof.region("data"):
-            x = torch.randn(64, 512, generator=gen)
-            y = torch.randint(0, 16, (64,), generator=gen)
-        loss = loss_fn(model(x), y)
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        for _ in range(micro_batches):
+            with prof.region("data") if prof is not None else contextlib.nullcontext():
+                x = torch.randn(64, 512, generator=gen)
+                y = torch.randint(0, 16, (64,), generator=gen)
+            loss = loss_fn(model(x), y)
+            loss.backward()
         opt.step()
-        prof.log(loss=loss)
-        prof.step()
-with dtprof.profile(tempfile.mkdtemp(), model=model, optimizer=opt, clock_sync=False) as prof:
+        if prof is not None:
+            prof.log(loss=loss)
+            prof.step()
+if os.environ["SESSION"] == "1":  # as dtprof run records it: the script calls nothing
+    from dtprof.record import auto
+    session = auto.open_session(tempfile.mkdtemp(), {"clock_sync": False}, starts_itself=False)
+    session.start()
+    session.use_model(model)
+    recording, prof = contextlib.nullcontext(), None
+else:
+    session = None
+    recording = dtprof.profile(tempfile.mkdtemp(), model=model, optimizer=opt, clock_sync=False)
+with recording as prof:
     train(20)
     for spent in times.values():
         spent.clear()
     start = now()
     train(steps)
     step_ns = (now() - start) / steps
+if session is not None:
+    session.end()
 dist.destroy_process_group()
 print(json.dumps({"step_ns": step_ns, "times": times}))
 """
@@ -174,18 +197,20 @@ def hooks_alone_ns(rounds: int) -> float:
     return float(done.stdout.split()[-1])
 
 
-def run_once(tree: Path, steps: int) -> dict[str, object]:
+def run_once(tree: Path, args: argparse.Namespace) -> dict[str, object]:
     """One process on ``tree``: the step's time and each function's call times."""
     env = {
         **os.environ,
         "PYTHONPATH": str(tree),
         "PORT": str(free_port()),
         "FUNCTIONS": json.dumps(FUNCTIONS),
+        "SESSION": "1" if args.session else "0",
+        "MICRO_BATCHES": str(args.micro_batches),
     }
     # run in the tree: `python -c` puts the working folder first on the path, ahead of
     # PYTHONPATH, so that a dtprof there would be the one imported
     done = subprocess.run(
-        [sys.executable, "-c", TRAIN, str(steps)],
+        [sys.executable, "-c", TRAIN, str(args.steps)],
         capture_output=True,
         text=True,
         env=env,
@@ -201,10 +226,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--steps", type=int, default=300, help="steps timed per process")
     p.add_argument("--rounds", type=int, default=3, help="processes per tree, in turn")
+    p.add_argument("--session", action="store_true", help="record as dtprof run does")
+    p.add_argument("--micro-batches", type=int, default=1, help="per optimizer step")
     p.add_argument("--tree", action="append", type=Path, help="a dtprof checkout (repeatable)")
     args = p.parse_args(argv)
-    if args.steps < 1 or args.rounds < 1:
-        p.error("--steps and --rounds must be at least 1")
+    if args.steps < 1 or args.rounds < 1 or args.micro_batches < 1:
+        p.error("--steps, --rounds and --micro-batches must be at least 1")
     here = Path(__file__).resolve().parent.parent
     trees = [tree.resolve() for tree in args.tree] if args.tree else [here]
     for tree in trees:
@@ -217,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in range(args.rounds):
         for tree in trees:
             print(f"hook_time: round {r + 1}/{args.rounds}, {tree}", file=sys.stderr, flush=True)
-            result = run_once(tree, args.steps)
+            result = run_once(tree, args)
             step_ns[tree].append(float(result["step_ns"]))  # type: ignore[arg-type]
             for name, spent in result["times"].items():  # type: ignore[attr-defined]
                 if spent:
@@ -229,8 +256,11 @@ def main(argv: list[str] | None = None) -> int:
     names = [
         f.split(":")[1] for f in FUNCTIONS if any(f.split(":")[1] in figures[t] for t in trees)
     ]
+    nested = NESTED + (INSIDE_THE_SESSION if args.session else ())
+    recorded = "as dtprof run records it" if args.session else "under profile()"
     lines = [
-        f"one process, overhead.py's step (DDP, one-rank gloo group, MLP 4x512, batch 64);"
+        f"one process, overhead.py's step (DDP, one-rank gloo group, MLP 4x512, batch 64)"
+        f" {recorded}, {args.micro_batches} micro-batch(es) a step;"
         f" {args.steps} steps, {args.rounds} rounds; load {load:.1f} before,"
         f" {os.getloadavg()[0]:.1f} after; medians over rounds",
     ]
@@ -247,10 +277,10 @@ def main(argv: list[str] | None = None) -> int:
                 cells += f"{'-':>16}{'-':>16}"
                 continue
             per_step = med(r[1] for r in rounds)
-            if name not in NESTED:
+            if name not in nested:
                 totals[i] += per_step
             cells += f"{med(r[0] for r in rounds) / 1e3:>16.1f}{per_step / 1e3:>16.1f}"
-        lines.append(f"{('  of which ' if name in NESTED else '') + name:<34}{cells}")
+        lines.append(f"{('  of which ' if name in nested else '') + name:<34}{cells}")
     lines.append(f"{'all, per step':<34}" + "".join(f"{'':>16}{t / 1e3:>16.1f}" for t in totals))
     lines.append(
         "PyTorch's own cost of calling a module with two empty hooks (forward pre-hook and hook)"
