@@ -124,7 +124,7 @@ if os.environ["SESSION"] == "1":  # as dtprof run records it: the script calls n
     session = auto.open_session(tempfile.mkdtemp(), {"clock_sync": False}, starts_itself=False)
     session.start()
     session.use_model(model)
-    recording, prof = contextlib.nullcontext(), None
+    recording = contextlib.nullcontext()  # prof: None
 else:
     session = None
     recording = dtprof.profile(tempfile.mkdtemp(), model=model, optimizer=opt, clock_sync=False)
