@@ -5,7 +5,7 @@ dtprof's per-step functions, measured in place on overhead.py's training step.
                                    [--tree PATH ...]
 
 Every function of dtprof's that the training thread runs at every step (the phase hooks,
-``prof.step()``, ``prof.log()``, a region's three calls; also, inside the forward pre-hook,
+``prof.step()``, ``prof.log()``, a region's three calls; also, inside the forward's beginning,
 the counting of the forward pass's samples, shown apart and not summed) is wrapped in a timer, and
 overhead.py's step (DDP on a one-rank gloo group, MLP 4×512, batch 64, a region around the
 batch, the loss logged) runs ``--steps`` steps after 20 warm-up ones. ``--session`` records
@@ -20,11 +20,13 @@ median), where the whole step's time varies by ±50 µs from one block of steps 
 The timer's own wrapper adds well under a microsecond to each call.
 
 Not in these figures: the native kernel's C++ (the backward's hook, DDP's buckets), the writer
-thread (benchmarks/writer_cost.py measures it), and PyTorch's own cost of calling the hooks: a
-module with hooks takes the slow path of ``nn.Module.__call__``. A last line measures that
-part apart, with no dtprof: the same model called with two empty hooks (a forward pre-hook and
-a forward hook) and with none, in blocks of 10 steps in a random order, timed from the call to
-the start of the model's ``forward`` and from its end to the return.
+thread (benchmarks/writer_cost.py measures it), and the cost of the way the forward's phase
+hooks are called. dtprof times the forward with a wrapper set as the model's ``forward``
+(dtprof.record.phases.TimedForward); older trees used a forward pre-hook and a forward hook,
+with which a module takes the slow path of ``nn.Module.__call__``. The last lines measure both
+apart: the same model called with two empty hooks, through this checkout's TimedForward with
+phase hooks that do nothing, and plainly, in blocks of 10 steps in a random order, timed from
+the call to the start of the model's ``forward`` and from its end to the return.
 
 Each ``--tree`` (a dtprof checkout; default this one) runs in its own process, the trees in
 turn, ``--rounds`` times; the table gives, per function and tree, the median time of a call
@@ -47,8 +49,10 @@ from dtprof.jobs.launch import free_port
 
 # what the training thread runs at every step, where it calls into dtprof
 FUNCTIONS = (
-    "dtprof.record.phases:PhaseHooks._forward_pre",
-    "dtprof.record.throughput:StepWork.forward_begins",  # inside the pre-hook: the samples counted
+    "dtprof.record.phases:PhaseHooks.forward_begins",  # called by TimedForward
+    "dtprof.record.phases:PhaseHooks._forward_pre",  # a forward pre-hook, in older trees
+    "dtprof.record.throughput:StepWork.forward_begins",  # inside the above: the samples counted
+    "dtprof.record.phases:PhaseHooks.forward_ends",
     "dtprof.record.phases:PhaseHooks._forward_post",
     "dtprof.record.phases:PhaseHooks._optimizer_pre",
     "dtprof.record.phases:PhaseHooks._optimizer_post",
@@ -143,10 +147,11 @@ print(json.dumps({"step_ns": step_ns, "times": times}))
 )
 
 
-HOOKS_ALONE = (
+CALLING = (
     MODEL
     + """
-import random, statistics
+import json, random, statistics
+from dtprof.record.phases import TimedForward
 rounds = int(sys.argv[1])
 DDP = nn.parallel.DistributedDataParallel
 forward = DDP.forward
@@ -159,13 +164,21 @@ def timed_forward(self, *args, **kwargs):
 DDP.forward = timed_forward
 def nothing(*args, **kwargs):
     return None
-extra = {True: [], False: []}
+class Nothing:  # dtprof's phase hooks, doing nothing
+    def forward_begins(self, module, args, kwargs):
+        return None
+    def forward_ends(self, output):
+        return None
+ways = ("none", "hooks", "timed_forward")
+extra = {way: [] for way in ways}
 for r in range(rounds):
-    for hooked in random.Random(r).sample([True, False], 2):
-        handles = []
-        if hooked:
+    for way in random.Random(r).sample(ways, len(ways)):
+        handles, timed = [], None
+        if way == "hooks":
             handles = [model.register_forward_pre_hook(nothing, with_kwargs=True),
                        model.register_forward_hook(nothing)]
+        elif way == "timed_forward":
+            timed = TimedForward(Nothing(), model)
         for i in range(11):
             x = torch.randn(64, 512, generator=gen)
             y = torch.randint(0, 16, (64,), generator=gen)
@@ -177,24 +190,34 @@ for r in range(rounds):
             loss.backward()
             opt.step()
             if i:  # the first step of a block is dropped
-                extra[hooked].append((edges["in"] - start) + (end - edges["out"]))
+                extra[way].append((edges["in"] - start) + (end - edges["out"]))
         for handle in handles:
             handle.remove()
+        if timed is not None:
+            timed.release()
 dist.destroy_process_group()
-print(statistics.median(extra[True]) - statistics.median(extra[False]))
+none = statistics.median(extra["none"])
+print(json.dumps({way: statistics.median(extra[way]) - none for way in ways[1:]}))
 """
 )
 
 
-def hooks_alone_ns(rounds: int) -> float:
-    """PyTorch's cost per call of a module with two empty hooks over one with none, in ns."""
-    env = {**os.environ, "PORT": str(free_port())}
+def calling_ns(rounds: int) -> dict[str, float]:
+    """What calling the model costs over a plain call, in ns: with two empty hooks, and through
+    this checkout's TimedForward with phase hooks that do nothing."""
+    here = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PORT": str(free_port()), "PYTHONPATH": str(here)}
     done = subprocess.run(
-        [sys.executable, "-c", HOOKS_ALONE, str(rounds)], capture_output=True, text=True, env=env
+        [sys.executable, "-c", CALLING, str(rounds)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=here,
     )
     if done.returncode != 0:
-        raise RuntimeError(f"the hooks' process failed:\n{done.stderr[-2000:]}")
-    return float(done.stdout.split()[-1])
+        raise RuntimeError(f"the calling process failed:\n{done.stderr[-2000:]}")
+    result: dict[str, float] = json.loads(done.stdout.splitlines()[-1])
+    return result
 
 
 def run_once(tree: Path, args: argparse.Namespace) -> dict[str, object]:
@@ -250,8 +273,8 @@ def main(argv: list[str] | None = None) -> int:
                 if spent:
                     per_call = statistics.median(spent)
                     figures[tree].setdefault(name, []).append((per_call, sum(spent) / args.steps))
-    print("hook_time: PyTorch's own cost of two empty hooks", file=sys.stderr, flush=True)
-    hooks_ns = [hooks_alone_ns(max(40, args.steps // 5)) for _ in range(args.rounds)]
+    print("hook_time: the cost of calling the model hooked", file=sys.stderr, flush=True)
+    calling = [calling_ns(max(40, args.steps // 5)) for _ in range(args.rounds)]
     med = statistics.median
     names = [
         f.split(":")[1] for f in FUNCTIONS if any(f.split(":")[1] in figures[t] for t in trees)
@@ -282,11 +305,14 @@ def main(argv: list[str] | None = None) -> int:
             cells += f"{med(r[0] for r in rounds) / 1e3:>16.1f}{per_step / 1e3:>16.1f}"
         lines.append(f"{('  of which ' if name in nested else '') + name:<34}{cells}")
     lines.append(f"{'all, per step':<34}" + "".join(f"{'':>16}{t / 1e3:>16.1f}" for t in totals))
-    lines.append(
-        "PyTorch's own cost of calling a module with two empty hooks (forward pre-hook and hook)"
-        f" over none, not in the table: {med(hooks_ns) / 1e3:+.1f} µs a step"
-        f" (rounds: {', '.join(f'{ns / 1e3:+.1f}' for ns in hooks_ns)})"
-    )
+    lines.append("calling the model, over a plain call, not in the table (µs a forward pass):")
+    for way, what in (
+        ("hooks", "two empty hooks (forward pre-hook and hook): PyTorch's slow path"),
+        ("timed_forward", "this checkout's TimedForward, the phase hooks doing nothing"),
+    ):
+        ns = [c[way] for c in calling]
+        rounds = ", ".join(f"{n / 1e3:+.1f}" for n in ns)
+        lines.append(f"  {what}: {med(ns) / 1e3:+.1f} (rounds: {rounds})")
     if len(trees) > 1:
         lines.append(
             "per step against [0]: "

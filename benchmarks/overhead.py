@@ -18,7 +18,7 @@ with and without dtprof on all ranks, interleaved, and dtprof's wrapper against 
 wraps in one process on a one-rank group, and a training step alone in one process, as pairs of
 steps (``--pairs`` per mode): a replica trained under the mode and a bare one, in turn, step
 after step, the two swapping roles every quarter. The modes: bare against bare (the pairing's
-own error), the PyTorch hooks dtprof's phases use with empty bodies, the script recorded as
+own error), dtprof's phase hooks called as dtprof calls them, empty, the script recorded as
 ``dtprof run`` and the integrations record it (dtprof.record.auto's session: the loss logged
 at each step, torch's functions wrapped), dtprof with every hook on, and dtprof's fixed cost
 (``profile()``'s defaults with no user calls) as is, without DDP's buckets and with the Python
@@ -333,7 +333,7 @@ def _paired_block(
         return time.perf_counter_ns() - start
 
     ctx: Any = contextlib.nullcontext()
-    handles = _empty_hooks(*recorded) if mode == "hooks" else []
+    removers = _empty_hooks(*recorded) if mode == "hooks" else []
     if session is not None:
         ctx = _session_open(session, recorded[0])
     elif mode.startswith("dtprof"):
@@ -363,8 +363,8 @@ def _paired_block(
                     times.append(theirs)
     finally:
         os.environ.pop("DTPROF_NATIVE", None)
-        for handle in handles:
-            handle.remove()
+        for remove in removers:
+            remove()
     return diffs, times
 
 
@@ -440,17 +440,22 @@ def _train(
 
 
 def _empty_hooks(model: Any, opt: Any) -> list[Any]:
-    """The PyTorch hooks dtprof's phases use (a module's forward pre- and post-hook, the
-    optimizer's step pre- and post-hook), doing nothing: what PyTorch charges for calling them."""
+    """The ways dtprof's phases are called (the model's forward through its TimedForward, the
+    optimizer's step pre- and post-hook), doing nothing: what calling them costs. Returns what
+    removes them."""
+    from dtprof.record.phases import TimedForward
 
     def nothing(*args: Any, **kwargs: Any) -> None:
         return None
 
+    class Nothing:  # dtprof's phase hooks, doing nothing
+        forward_begins = forward_ends = staticmethod(nothing)
+
+    timed = TimedForward(Nothing(), model)  # type: ignore[arg-type]
     return [
-        model.register_forward_pre_hook(nothing, with_kwargs=True),
-        model.register_forward_hook(nothing),
-        opt.register_step_pre_hook(nothing),
-        opt.register_step_post_hook(nothing),
+        timed.release,
+        opt.register_step_pre_hook(nothing).remove,
+        opt.register_step_post_hook(nothing).remove,
     ]
 
 
@@ -742,7 +747,7 @@ def _paired_lines(paired: dict[str, list[int]], step_ms: float) -> list[str]:
     ]
     for mode, what in (
         ("bare", "bare against bare (the pairing's own error)"),
-        ("hooks", "PyTorch's hooks for dtprof's phases, empty"),
+        ("hooks", "calling dtprof's phase hooks, empty"),
         ("dtprof-run", "a script recorded by dtprof run (or an integration)"),
         ("dtprof-fixed", "dtprof's fixed cost: defaults, no user calls"),
         ("dtprof", "dtprof, everything on"),

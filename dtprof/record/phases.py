@@ -1,6 +1,7 @@
 """Phase hooks: forward, backward, optimizer and the data wait between steps.
 
-forward: the root module's forward pre-hook to its forward hook. backward: from the moment
+forward: the root module's forward, timed by a wrapper set as the model's own ``forward``
+(TimedForward, below). backward: from the moment
 the gradient reaches the model's output (a hook on the autograd node that made it) to the end
 of the autograd pass (a callback queued on the autograd engine), before DDP waits for its last
 bucket. Where the native kernel is loaded, that hook and callback are its C++ ones
@@ -17,6 +18,7 @@ backward and optimizer get their GPU execution times too. Data has none: it is t
 
 from __future__ import annotations
 
+import copy
 import ctypes
 import threading
 import time
@@ -51,15 +53,9 @@ def model_kind(model: torch.nn.Module | None) -> str:
 
 class PhaseHooks:
     """The phase hooks of a model and an optimizer, each added when known (add_model,
-    add_optimizer); uninstall() removes them.
-
-    A copy of the recorded model (``copy.deepcopy``: an EMA model, Lightning's weight
-    averaging) or the model pickled (``torch.save(model)``) takes its module hooks along: they
-    are made from ``__reduce__``, as hooks that record nothing (``recording`` False), so that
-    copying and saving work as without dtprof and a copy's passes are not the model's phases."""
+    add_optimizer); uninstall() removes them."""
 
     def __init__(self, prof: Profiler) -> None:
-        self.recording = True  # False in a copy
         self.prof = prof
         self.spans = prof.spans
         self.data_from_ns: int | None = None
@@ -70,17 +66,15 @@ class PhaseHooks:
         self._bwd_event: Any = None
         self._opt_event: Any = None
         self._handles: list[Any] = []
+        self._timed_forwards: list[TimedForward] = []
         self.native_passes: NativePasses | None = None  # the backward timed in C++
         self.ddp_buckets = False
         self.work = StepWork(prof)  # the samples, tokens and FLOPs the forward passes see
 
-    def __reduce__(self) -> tuple[Any, tuple[()]]:
-        return _unrecorded_hooks, ()
-
     def add_model(self, model: torch.nn.Module) -> None:
         self._time_backward_natively()
-        self._handles.append(model.register_forward_pre_hook(self._forward_pre, with_kwargs=True))
-        self._handles.append(model.register_forward_hook(self._forward_post))
+        if not any(timed.module is model for timed in self._timed_forwards):
+            self._timed_forwards.append(TimedForward(self, model))
         if isinstance(model, torch.nn.parallel.DistributedDataParallel) and self.prof.ddp_buckets:
             self._register_ddp_hook(model)
 
@@ -141,6 +135,9 @@ class PhaseHooks:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        for timed in self._timed_forwards:
+            timed.release()
+        self._timed_forwards.clear()
         self.work.close()
         passes = self.native_passes
         if passes is not None:
@@ -157,10 +154,8 @@ class PhaseHooks:
         if self.native_passes is not None:
             self.native_passes.take(self.spans)
 
-    def _forward_pre(self, module: Any, args: Any, kwargs: Any) -> None:
+    def forward_begins(self, module: torch.nn.Module, args: Any, kwargs: Any) -> None:
         t = now_ns()
-        if not self.recording:
-            return
         try:
             if self.data_from_ns is not None:
                 self.spans.append(
@@ -175,10 +170,8 @@ class PhaseHooks:
         except Exception as exc:
             self.prof.hook_failed("phases", exc)
 
-    def _forward_post(self, module: Any, args: Any, output: Any) -> None:
+    def forward_ends(self, output: Any) -> None:
         t = now_ns()
-        if not self.recording:
-            return
         try:
             if self.work.counter is not None:
                 self.work.forward_ends()
@@ -289,11 +282,53 @@ class PhaseHooks:
             timer.pair(event, (step, name, "phase", None, None), start, end)
 
 
-def _unrecorded_hooks() -> PhaseHooks:
-    """The phase hooks a copied or unpickled model gets in place of the recorded model's."""
-    hooks = PhaseHooks.__new__(PhaseHooks)
-    hooks.recording = False
-    return hooks
+class TimedForward:
+    """The recorded model's forward, timed: set as the model's own ``forward`` (an attribute
+    of the instance), which ``nn.Module.__call__`` calls in place of its class's.
+
+    Forward hooks would see the same moments, but a module with hooks takes the slow path of
+    ``nn.Module.__call__``: about 20 µs a call on this machine whatever the hooks do, against
+    about 3 for this wrapper (benchmarks/hook_time.py). The module's own hooks (FSDP's, the
+    script's) run outside it, as they run outside the module's forward.
+
+    ``__wrapped__`` is the forward it times, so that ``inspect.signature(model.forward)`` gives
+    the model's own (Hugging Face's Trainer keeps the dataset columns it names). A copy of the
+    model (``copy.deepcopy``: an EMA model) and the model pickled (``torch.save(model)``) get
+    that forward, untimed: a copy's passes are not the model's phases."""
+
+    __slots__ = ("__wrapped__", "had_own", "hooks", "module")
+
+    def __init__(self, hooks: PhaseHooks, module: torch.nn.Module) -> None:
+        self.hooks: PhaseHooks | None = hooks
+        self.module = module
+        self.had_own = "forward" in vars(module)  # a forward of the instance's (Accelerate's)
+        self.__wrapped__ = module.forward
+        vars(module)["forward"] = self
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        hooks = self.hooks
+        if hooks is None:  # released, but something wrapped it since and still calls it
+            return self.__wrapped__(*args, **kwargs)
+        hooks.forward_begins(self.module, args, kwargs)
+        output = self.__wrapped__(*args, **kwargs)
+        if self.hooks is not None:  # not switched off by a failure in forward_begins
+            hooks.forward_ends(output)
+        return output
+
+    def __reduce__(self) -> tuple[Any, tuple[Any]]:
+        # copy.copy of the wrapped forward, so that loading a pickle needs no dtprof; a deep
+        # copy copies its argument first: the copy's forward is bound to the copied module
+        return copy.copy, (self.__wrapped__,)
+
+    def release(self) -> None:
+        """Give the module back the forward it had (where something has wrapped this one
+        since, it stays, untimed)."""
+        self.hooks = None
+        if vars(self.module).get("forward") is self:
+            if self.had_own:
+                vars(self.module)["forward"] = self.__wrapped__
+            else:
+                del vars(self.module)["forward"]
 
 
 def _in_backward() -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import ctypes
 import gc
+import inspect
 import itertools
 import threading
 import time
@@ -588,8 +589,58 @@ def test_a_recorded_model_copies_and_saves_and_its_copies_record_nothing(
         for _ in range(3):
             ema(torch.randn(4, 8)).sum().backward()
     loaded = torch.load(saved, weights_only=False)
+    with torch.no_grad():
+        model.module.weight.add_(1.0)  # each copy runs its own weights, not the model's
     x = torch.randn(4, 8)
-    assert torch.equal(loaded(x), model(x))
-    assert torch.equal(ema(x), model(x))
+    assert torch.equal(loaded(x), loaded.module(x))
+    assert torch.equal(ema(x), ema.module(x))
+    assert not torch.equal(ema(x), model(x))
     spans = dtprof.load_trace(tmp_path / "trace").spans
     assert not spans["name"].isin(["forward", "backward"]).any()
+
+
+class _OwnForward(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 1)
+
+    def forward(self, x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+        return self.linear(x) * scale
+
+
+def test_the_forward_is_timed_without_module_hooks_and_given_back(tmp_path: Path) -> None:
+    """The model takes nn.Module's fast path (no hooks), its forward's signature reads as its
+    own while recorded (Hugging Face's Trainer keeps the columns it names), and after the
+    profile the model has the forward it had: its class's, or one set on the instance."""
+    plain, own = _OwnForward(), _OwnForward()
+    doubled = lambda x, scale=1.0: _OwnForward.forward(own, x, scale) * 2  # noqa: E731
+    own.forward = doubled  # type: ignore[method-assign]
+    x = torch.randn(4, 8)
+    for model in (plain, own):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        before = model(x)
+        with dtprof.profile(tmp_path / str(id(model)), model=model, optimizer=opt) as prof:
+            assert not model._forward_hooks and not model._forward_pre_hooks
+            assert list(inspect.signature(model.forward).parameters) == ["x", "scale"]
+            assert torch.equal(model(x), before)
+            _train(prof, model, opt, steps=2)
+        phases = dtprof.load_trace(tmp_path / str(id(model))).spans
+        forwards = phases[phases["name"] == "forward"]["step"]
+        assert list(forwards) == [0, 0, 1]  # the call above, then one per step
+    assert "forward" not in vars(plain)
+    assert vars(own)["forward"] is doubled
+
+
+def test_a_forward_wrapped_again_while_recorded_still_runs_after(tmp_path: Path) -> None:
+    """Something that wraps the model's forward after dtprof did (as Accelerate does) keeps
+    working when the profile ends: dtprof's wrapper stays inside it, timing nothing."""
+    model = _OwnForward()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with dtprof.profile(tmp_path, model=model, optimizer=opt) as prof:
+        timed = model.forward
+        model.forward = lambda x: timed(x) + 1  # type: ignore[method-assign]
+        _train(prof, model, opt, steps=2)
+    x = torch.randn(4, 8)
+    assert torch.equal(model(x), model.linear(x) + 1)
+    phases = dtprof.load_trace(tmp_path).spans
+    assert list(phases[phases["name"] == "forward"]["step"]) == [0, 1]
