@@ -24,12 +24,12 @@ The cost in µs is the extra instructions at the bare step's own rate, measured 
 That is a floor: natively dtprof's per-step code runs cold, between long stretches of torch's
 kernels, and ``--sim`` (callgrind's cache and branch simulation) counts what that adds, the
 steps' extra cache misses and mispredicted branches.
-Modes: bare; hooks, the Python hooks dtprof's phases use (a module's forward pre- and
-post-hook, the optimizer's step pre- and post-hook) with empty bodies, what PyTorch charges for
-them alone; hooks+backward, those and the backward's in Python (a pre-hook on the output's
-autograd node that queues a callback at the pass's end), which the native kernel's C++ hook
-replaces; dtprof; dtprof without the native kernel (``DTPROF_NATIVE=0``); with
-``--without``, dtprof with one piece of its step left out at a time (see ``--help``); and each
+Modes: bare; hooks, dtprof's phase hooks called as dtprof calls them (the model's forward
+through dtprof's TimedForward, the optimizer's step pre- and post-hook) with empty bodies,
+what calling them costs alone; hooks+backward, those and the backward's in Python (a pre-hook
+on the output's autograd node that queues a callback at the pass's end), which the native
+kernel's C++ hook replaces; dtprof; dtprof without the native kernel (``DTPROF_NATIVE=0``);
+with ``--without``, dtprof with one piece of its step left out at a time (see ``--help``); and each
 ``--tree`` (a checkout of dtprof) as dtprof, to compare versions. Needs
 valgrind and its headers (Debian: valgrind) and a C compiler.
 """
@@ -86,15 +86,19 @@ else:
         return out.sum()
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 ctx = contextlib.nullcontext()
-if mode.startswith("hooks"):  # the hooks dtprof's phases use, doing nothing: PyTorch's charge
+if mode.startswith("hooks"):  # dtprof's phase hooks, called as dtprof calls them, doing nothing
+    from dtprof.record.phases import TimedForward
     def nothing(*args, **kwargs):
         return None
     def on_gradient(grad):
         torch.autograd.Variable._execution_engine.queue_callback(nothing)
-    def on_output(module, args, output):
-        output.grad_fn.register_prehook(on_gradient)
-    model.register_forward_pre_hook(nothing, with_kwargs=True)
-    model.register_forward_hook(on_output if mode == "hooks+backward" else nothing)
+    class Nothing:
+        def forward_begins(self, module, args, kwargs):
+            return None
+        def forward_ends(self, output):
+            if mode == "hooks+backward":
+                output.grad_fn.register_prehook(on_gradient)
+    TimedForward(Nothing(), model)
     opt.register_step_pre_hook(nothing)
     opt.register_step_post_hook(nothing)
 without = set(os.environ.get("WITHOUT", "").split(","))  # pieces of dtprof's step left out
