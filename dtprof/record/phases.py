@@ -287,8 +287,8 @@ class TimedForward:
     of the instance), which ``nn.Module.__call__`` calls in place of its class's.
 
     Forward hooks would see the same moments, but a module with hooks takes the slow path of
-    ``nn.Module.__call__``: about 20 µs a call on this machine whatever the hooks do, against
-    about 3 for this wrapper (benchmarks/hook_time.py). The module's own hooks (FSDP's, the
+    ``nn.Module.__call__``: about 17 µs a call on this machine whatever the hooks do, against
+    about 4 for this wrapper (benchmarks/hook_time.py). The module's own hooks (FSDP's, the
     script's) run outside it, as they run outside the module's forward.
 
     ``__wrapped__`` is the forward it times, so that ``inspect.signature(model.forward)`` gives

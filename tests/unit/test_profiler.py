@@ -631,6 +631,29 @@ def test_the_forward_is_timed_without_module_hooks_and_given_back(tmp_path: Path
     assert vars(own)["forward"] is doubled
 
 
+def test_a_compiled_model_is_timed_through_its_wrapped_forward(tmp_path: Path) -> None:
+    """torch.compile traces the model's call, dtprof's forward wrapper included: training runs
+    as without dtprof and each step still has its forward."""
+    model = _OwnForward()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    compiled = torch.compile(model, backend="eager")
+    x = torch.randn(4, 8)
+    with (
+        warnings.catch_warnings(),  # dynamo's warning about the clock it cannot trace
+        dtprof.profile(tmp_path, model=model, optimizer=opt, clock_sync=False) as prof,
+    ):
+        warnings.simplefilter("ignore")
+        for _ in range(3):
+            out = compiled(x)
+            assert torch.equal(out, model.linear(x))
+            out.sum().backward()
+            opt.step()
+            opt.zero_grad()
+            prof.step()
+    phases = dtprof.load_trace(tmp_path).spans
+    assert list(phases[phases["name"] == "forward"]["step"]) == [0, 1, 2]
+
+
 def test_a_forward_wrapped_again_while_recorded_still_runs_after(tmp_path: Path) -> None:
     """Something that wraps the model's forward after dtprof did (as Accelerate does) keeps
     working when the profile ends: dtprof's wrapper stays inside it, timing nothing."""
