@@ -896,7 +896,7 @@ def attach(trace: Path) -> dict[str, Any]:
     result: dict[str, Any] = {"exit_code": done.returncode, "output": done.stderr[-600:]}
     t = rank_tables(trace, 0)
     result["meta"] = meta_figures(t["meta"])
-    result["backward_timing"] = t["meta"].backward_timing
+    result["phase_timing"] = t["meta"].phase_timing
     result["steps"] = len(t["steps"])
     result["gpu"] = gpu_figures(t)
     result["samples"] = sorted({r["metric"] for r in t["samples"]})
@@ -920,7 +920,7 @@ def no_gpu_timing(trace: Path) -> dict[str, Any]:
         spans[r["name"]] = spans.get(r["name"], 0) + 1
     return {
         "meta": meta_figures(t["meta"]),
-        "backward_timing": t["meta"].backward_timing,
+        "phase_timing": t["meta"].phase_timing,
         "steps": len(t["steps"]),
         "spans": spans,
         "gpu_spans_rows": len(t["gpu_spans"]),
@@ -1059,7 +1059,7 @@ def table_five(cases: dict[str, Any]) -> list[str]:
     lines = ["part 5, captures and a later attach:"]
     for name, c in cases.items():
         keep = ["capture", "replays", "query_errors", "region_gpu_ms", "losses_fall", "steps"]
-        keep += ["collectives", "gpu_timed_collectives", "backward_timing", "spans", "error"]
+        keep += ["collectives", "gpu_timed_collectives", "phase_timing", "spans", "error"]
         said = {k: c[k] for k in keep if k in c}
         meta = c.get("meta") or {}
         said.update({k: meta[k] for k in ("gpu_timing", "disabled_hooks") if meta.get(k)})

@@ -19,14 +19,18 @@ tight loop cost a tenth of that). A few µs timed directly are precise (p10 abou
 median), where the whole step's time varies by ±50 µs from one block of steps to the next.
 The timer's own wrapper adds well under a microsecond to each call.
 
-Not in these figures: the native kernel's C++ (the backward's hook, DDP's buckets), the writer
-thread (benchmarks/writer_cost.py measures it), and the cost of the way the forward's phase
-hooks are called. dtprof times the forward with a wrapper set as the model's ``forward``
-(dtprof.record.phases.TimedForward); older trees used a forward pre-hook and a forward hook,
-with which a module takes the slow path of ``nn.Module.__call__``. The last lines measure both
+Not in these figures: the native kernel's C++ (where it loads: the forward's wrapper, the
+optimizer's hooks, the backward's hook, DDP's buckets), the writer thread
+(benchmarks/writer_cost.py measures it), and the cost of the way the forward's phase hooks are
+called. Those lines stay empty where the kernel times the phases. dtprof times the forward with a
+wrapper set as the model's ``forward`` (the kernel's ForwardTimer, else
+dtprof.record.phases.TimedForward); older trees used a forward pre-hook and a forward hook, with
+which a module takes the slow path of ``nn.Module.__call__``. The last lines measure the ways
 apart: the same model called with two empty hooks, through this checkout's TimedForward with
-phase hooks that do nothing, and plainly, in blocks of 10 steps in a random order, timed from
-the call to the start of the model's ``forward`` and from its end to the return.
+phase hooks that do nothing, through this checkout's forward under ``profile()`` (the kernel's
+wrapper doing all its work, where it loads), and plainly, in blocks of 10 steps in a random
+order, timed from the call to the start of the model's ``forward`` and from its end to the
+return.
 
 Each ``--tree`` (a dtprof checkout; default this one) runs in its own process, the trees in
 turn, ``--rounds`` times; the table gives, per function and tree, the median time of a call
@@ -150,8 +154,9 @@ print(json.dumps({"step_ns": step_ns, "times": times}))
 CALLING = (
     MODEL
     + """
-import json, random, statistics
-from dtprof.record.phases import TimedForward
+import json, random, statistics, tempfile
+import dtprof
+from dtprof.record.phases import release_forward, time_forward
 rounds = int(sys.argv[1])
 DDP = nn.parallel.DistributedDataParallel
 forward = DDP.forward
@@ -164,21 +169,25 @@ def timed_forward(self, *args, **kwargs):
 DDP.forward = timed_forward
 def nothing(*args, **kwargs):
     return None
-class Nothing:  # dtprof's phase hooks, doing nothing
+class Nothing:  # dtprof's phase hooks in Python, doing nothing
+    native = None  # the Python wrapper, TimedForward
     def forward_begins(self, module, args, kwargs):
         return None
     def forward_ends(self, output):
         return None
-ways = ("none", "hooks", "timed_forward")
+ways = ("none", "hooks", "timed_forward", "profiled")
 extra = {way: [] for way in ways}
 for r in range(rounds):
     for way in random.Random(r).sample(ways, len(ways)):
-        handles, timed = [], None
+        handles, timed, prof = [], None, None
         if way == "hooks":
             handles = [model.register_forward_pre_hook(nothing, with_kwargs=True),
                        model.register_forward_hook(nothing)]
         elif way == "timed_forward":
-            timed = TimedForward(Nothing(), model)
+            timed = time_forward(Nothing(), model)
+        elif way == "profiled":
+            prof = dtprof.profile(tempfile.mkdtemp(), model=model, clock_sync=False)
+            prof.__enter__()
         for i in range(11):
             x = torch.randn(64, 512, generator=gen)
             y = torch.randint(0, 16, (64,), generator=gen)
@@ -189,12 +198,16 @@ for r in range(rounds):
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
+            if prof is not None:
+                prof.step()  # the first step's passes count its FLOPs, as dtprof does once
             if i:  # the first step of a block is dropped
                 extra[way].append((edges["in"] - start) + (end - edges["out"]))
         for handle in handles:
             handle.remove()
         if timed is not None:
-            timed.release()
+            release_forward(timed)
+        if prof is not None:
+            prof.__exit__(None, None, None)
 dist.destroy_process_group()
 none = statistics.median(extra["none"])
 print(json.dumps({way: statistics.median(extra[way]) - none for way in ways[1:]}))
@@ -203,8 +216,8 @@ print(json.dumps({way: statistics.median(extra[way]) - none for way in ways[1:]}
 
 
 def calling_ns(rounds: int) -> dict[str, float]:
-    """What calling the model costs over a plain call, in ns: with two empty hooks, and through
-    this checkout's TimedForward with phase hooks that do nothing."""
+    """What calling the model costs over a plain call, in ns: with two empty hooks, through
+    this checkout's TimedForward with phase hooks that do nothing, and under profile()."""
     here = Path(__file__).resolve().parent.parent
     env = {**os.environ, "PORT": str(free_port()), "PYTHONPATH": str(here)}
     done = subprocess.run(
@@ -309,6 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     for way, what in (
         ("hooks", "two empty hooks (forward pre-hook and hook): PyTorch's slow path"),
         ("timed_forward", "this checkout's TimedForward, the phase hooks doing nothing"),
+        ("profiled", "this checkout's forward under profile(), doing its work"),
     ):
         ns = [c[way] for c in calling]
         rounds = ", ".join(f"{n / 1e3:+.1f}" for n in ns)

@@ -443,17 +443,18 @@ def _empty_hooks(model: Any, opt: Any) -> list[Any]:
     """The ways dtprof's phases are called (the model's forward through its TimedForward, the
     optimizer's step pre- and post-hook), doing nothing: what calling them costs. Returns what
     removes them."""
-    from dtprof.record.phases import TimedForward
+    from dtprof.record.phases import release_forward, time_forward
 
     def nothing(*args: Any, **kwargs: Any) -> None:
         return None
 
-    class Nothing:  # dtprof's phase hooks, doing nothing
+    class Nothing:  # dtprof's phase hooks in Python, doing nothing
+        native = None  # the Python wrapper, TimedForward
         forward_begins = forward_ends = staticmethod(nothing)
 
-    timed = TimedForward(Nothing(), model)  # type: ignore[arg-type]
+    timed = time_forward(Nothing(), model)  # type: ignore[arg-type]
     return [
-        timed.release,
+        lambda: release_forward(timed),
         opt.register_step_pre_hook(nothing).remove,
         opt.register_step_post_hook(nothing).remove,
     ]

@@ -87,18 +87,19 @@ else:
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 ctx = contextlib.nullcontext()
 if mode.startswith("hooks"):  # dtprof's phase hooks, called as dtprof calls them, doing nothing
-    from dtprof.record.phases import TimedForward
+    from dtprof.record.phases import time_forward
     def nothing(*args, **kwargs):
         return None
     def on_gradient(grad):
         torch.autograd.Variable._execution_engine.queue_callback(nothing)
     class Nothing:
+        native = None  # the Python wrapper, TimedForward
         def forward_begins(self, module, args, kwargs):
             return None
         def forward_ends(self, output):
             if mode == "hooks+backward":
                 output.grad_fn.register_prehook(on_gradient)
-    TimedForward(Nothing(), model)
+    time_forward(Nothing(), model)
     opt.register_step_pre_hook(nothing)
     opt.register_step_post_hook(nothing)
 without = set(os.environ.get("WITHOUT", "").split(","))  # pieces of dtprof's step left out

@@ -302,7 +302,7 @@ class Profiler:
         self.writer.start()
         self.step_start_ns = now_ns()
         if hasattr(self, "phases"):
-            self.phases.data_from_ns = self.step_start_ns
+            self.phases.step_begins(self.step_index, self.step_start_ns)
 
     def __exit__(
         self,
@@ -437,7 +437,7 @@ class Profiler:
         step = self.step_index
         self.steps.append((step, self.step_start_ns, t))
         if "phases" in self._removers:
-            self.phases.work.step_ends(step)
+            self.phases.step_ends(step)
         if "step" not in self._switched_off:
             t = self._step_extras(step, t)
         # the next step starts after dtprof's own per-step work, so that its time is charged
@@ -446,7 +446,7 @@ class Profiler:
         self.comms.step_cell[0] = step + 1
         self.step_start_ns = t
         if "phases" in self._removers:
-            self.phases.data_from_ns = t
+            self.phases.step_begins(step + 1, t)
 
     def _step_extras(self, step: int, t: int) -> int:
         """Memory and fingerprints, when due; returns when this work ended."""
@@ -506,7 +506,7 @@ class Profiler:
             return
         try:
             if "phases" in self._removers:
-                self.phases.take_native_passes()
+                self.phases.take_native_spans()
             with gpu_timing.relaxed_capture_mode():  # never breaks a graph the user captures
                 self.comms.sync_native()
                 self._drain_gpu_timer()

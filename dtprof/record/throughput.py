@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from dtprof.record.native import SAMPLES, SEEN, TOKENS, WORK_IN_PYTHON
 from dtprof.trace.meta import ModelFlops
 
 if TYPE_CHECKING:
@@ -74,11 +75,16 @@ def _first_tensor(items: tuple[Any, ...]) -> torch.Tensor | None:
 
 class StepWork:
     """The samples and tokens of each step, and the FLOPs of one, for one profiler: called by
-    the phase hooks at each forward pass and by the profiler at each step's end."""
+    the phase hooks at each forward pass and by the profiler at each step's end.
 
-    def __init__(self, prof: Profiler) -> None:
+    Where the phases are native, the kernel counts the passes whose input is a plain tensor
+    once the FLOPs are counted (its counts are in ``native_state``, read and zeroed at each
+    step's end), and hands this class the others."""
+
+    def __init__(self, prof: Profiler, native_state: Any = None) -> None:
         self.prof = prof
         self.scalars = prof.scalars
+        self.native_state = native_state  # NativePhases.state, or None
         self.samples = 0
         self.tokens = 0
         self.seen = False  # a training forward pass in this step
@@ -131,15 +137,27 @@ class StepWork:
         """Counting FLOPs failed (an older torch, a model the counter cannot run): no count,
         said once as any hook's failure is; samples, tokens and the phases go on."""
         self.counter = None
-        self.counted = True
+        self._counting_ends()
         self.prof.hook_failed("flops", exc)
+
+    def _counting_ends(self) -> None:
+        """The FLOPs are counted (or given up): the native kernel counts passes from now on."""
+        self.counted = True
+        if self.native_state is not None:
+            self.native_state[WORK_IN_PYTHON] = 0
 
     def step_ends(self, step: int) -> None:
         """Log this step's samples and tokens (unless the script logs its own); note the FLOPs
-        once the step they were counted in ends. A failure is the phase hooks' (said once)."""
+        once the step they were counted in ends. A failure is the caller's to say
+        (PhaseHooks.step_ends); the counts start again from zero either way."""
         try:
             if self.counter is not None:  # a forward pass that raised without its post-hook
                 self.forward_ends()
+            native = self.native_state
+            if native is not None and native[SEEN]:
+                self.seen = True
+                self.samples += native[SAMPLES]
+                self.tokens += native[TOKENS]
             if self.seen and self._first_stage():
                 logged = self.prof.logged_work
                 if "samples" not in logged:
@@ -147,12 +165,14 @@ class StepWork:
                 if self.tokens and "tokens" not in logged:
                     self.scalars.append((step, "tokens", float(self.tokens)))
             if self.count_step == step and not self.counted:
-                self.counted = True
+                self._counting_ends()
                 self._note_flops()
-        except Exception as exc:
-            self.prof.hook_failed("phases", exc)
-        self.samples = self.tokens = 0
-        self.seen = False
+        finally:
+            self.samples = self.tokens = 0
+            self.seen = False
+            if self.native_state is not None:
+                self.native_state[SAMPLES] = self.native_state[TOKENS] = 0
+                self.native_state[SEEN] = 0
 
     def _first_stage(self) -> bool:
         """Whether this rank's inputs are the job's: in a pipeline, only its first stage's are

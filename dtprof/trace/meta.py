@@ -174,7 +174,7 @@ class RankMeta(msgspec.Struct, frozen=True, omit_defaults=True):
     ddp_buckets_native: str | None = None
     ddp_buckets_dispatcher: str | None = None
     ddp_buckets: str | None = None
-    backward_timing: str | None = None
+    phase_timing: str | None = None
     ended_at: str | None = None
     steps: Count | None = None
     model_flops: ModelFlops | None = None

@@ -20,7 +20,8 @@ from torch import nn
 
 import dtprof
 from dtprof.jobs.launch import free_port
-from dtprof.record.phases import NativePasses
+from dtprof.record.native import int64s
+from dtprof.record.phases import NativePhases
 from dtprof.record.profiler import NullProfiler
 from dtprof.record.writer import DtprofWarning
 from tests.conftest import native_kernel_or_skip
@@ -62,7 +63,7 @@ def test_each_backward_pass_of_a_step_is_a_span(tmp_path: Path, kernel: str) -> 
             opt.zero_grad()
             prof.step()
     trace = dtprof.load_trace(tmp_path)
-    assert trace.meta[0].backward_timing.startswith(kernel)
+    assert trace.meta[0].phase_timing.startswith(kernel)
     spans = trace.spans.sort_values("start_ns", kind="stable")
     for step, rows in spans.groupby("step"):
         names = [n for n in rows["name"] if n != "data"]
@@ -77,7 +78,7 @@ def _backward_steps(trace_dir: Path, kernel: str) -> list[int]:
     """The steps of a trace's backward spans, in order, once ``kernel`` is seen to have timed
     them."""
     trace = dtprof.load_trace(trace_dir)
-    assert trace.meta[0].backward_timing.startswith(kernel)
+    assert trace.meta[0].phase_timing.startswith(kernel)
     return sorted(trace.spans.loc[trace.spans["name"] == "backward", "step"])
 
 
@@ -166,56 +167,59 @@ def test_backward_passes_reach_the_trace_while_it_records(tmp_path: Path, kernel
     assert sorted(live[live["name"] == "forward"]["step"]) == [0, 1, 2]
 
 
-def test_native_backward_passes_are_read_from_the_ring_in_order_and_losses_counted() -> None:
-    """The ring the C++ hook writes (written count, then step, start, end per pass), read as
-    Python reads it: what came since the last read, oldest first; what was written over before
-    it was read is counted, not made up."""
-    passes = object.__new__(NativePasses)
-    ring = passes._ring = (ctypes.c_int64 * (1 + 3 * NativePasses.RING))()  # type: ignore[assignment]
-    passes._written = lambda: ring[0]  # type: ignore[method-assign]
-    passes._read, passes.lost, passes._lock = 0, 0, threading.Lock()
+def test_native_spans_are_read_from_the_ring_in_order_and_losses_counted() -> None:
+    """The ring the C++ hooks write (written count, then step, phase, start, end per span),
+    read as Python reads it: what came since the last read, oldest first; what was written over
+    before it was read is counted, not made up."""
+    native = object.__new__(NativePhases)
+    memory = (ctypes.c_int64 * (1 + 4 * NativePhases.RING))()
+    ring = native._ring = int64s(ctypes.addressof(memory), len(memory))
+    native._written = lambda: ring[0]  # type: ignore[method-assign]
+    native._read, native.lost, native._lock = 0, 0, threading.Lock()
 
     def write(n: int) -> None:
         for _ in range(n):
             i = ring[0]
-            at = 1 + 3 * (i % NativePasses.RING)
-            ring[at], ring[at + 1], ring[at + 2] = i // 2, 100 * i, 100 * i + 50
+            at = 1 + 4 * (i % NativePhases.RING)
+            ring[at], ring[at + 1] = i // 2, i % 4
+            ring[at + 2], ring[at + 3] = 100 * i, 100 * i + 50
             ring[0] = i + 1
 
     spans: deque = deque()
-    passes.take(spans)
+    native.take(spans)
     assert not spans
     write(3)
-    passes.take(spans)
-    passes.take(spans)  # nothing new
+    native.take(spans)
+    native.take(spans)  # nothing new
     assert [(s[0], s[1], s[3], s[4]) for s in spans] == [
-        (0, "backward", 0, 50),
-        (0, "backward", 100, 150),
+        (0, "data", 0, 50),
+        (0, "forward", 100, 150),
         (1, "backward", 200, 250),
     ]
     spans.clear()
-    write(NativePasses.RING + 10)  # Python fell behind by more than the ring holds
-    passes.take(spans)
-    assert passes.lost == 11  # the oldest slot left may be the one being written: not read
-    assert len(spans) == NativePasses.RING - 1
-    assert [s[3] for s in spans] == [100 * i for i in range(14, 3 + NativePasses.RING + 10)]
+    write(NativePhases.RING + 10)  # Python fell behind by more than the ring holds
+    native.take(spans)
+    assert native.lost == 11  # the oldest slot left may be the one being written: not read
+    assert len(spans) == NativePhases.RING - 1
+    assert [s[3] for s in spans] == [100 * i for i in range(14, 3 + NativePhases.RING + 10)]
 
 
-def test_native_backward_passes_lost_between_takes_are_said_in_the_metadata(
-    tmp_path: Path,
-) -> None:
-    """More passes between two takes than the kernel's ring holds: the newest are kept, and
-    meta.json says how many were lost."""
+def test_native_spans_lost_between_takes_are_said_in_the_metadata(tmp_path: Path) -> None:
+    """More spans between two takes than the kernel's ring holds (a forward and a backward a
+    pass): the newest are kept, and meta.json says how many were lost."""
     native_kernel_or_skip()
     model = nn.Linear(2, 1)
     extra = 5
     # no tick of the writer's before the end: all the passes wait for one take
     with dtprof.profile(tmp_path, model=model, clock_sync=False, flush_interval_s=1e6):
-        for _ in range(NativePasses.RING + extra):
+        for _ in range(NativePhases.RING // 2 + extra):
             model(torch.ones(1, 2)).sum().backward()
     trace = dtprof.load_trace(tmp_path)
-    assert (trace.spans["name"] == "backward").sum() == NativePasses.RING - 1
-    assert trace.meta[0].backward_timing.startswith(f"native ({extra + 1} passes lost")
+    assert len(trace.spans) == NativePhases.RING - 1
+    assert (trace.spans["name"] == "backward").sum() == NativePhases.RING // 2
+    assert trace.meta[0].phase_timing.startswith(
+        f"native ({2 * extra + 2} spans lost"
+    )  # and a data span
 
 
 def test_regions_nest_and_close_even_when_their_block_raises(tmp_path: Path, fake_clock) -> None:
@@ -244,7 +248,7 @@ def test_steps_phases_scalars_and_fingerprints(tmp_path: Path, kernel: str) -> N
         _train(prof, model, opt)
     trace = dtprof.load_trace(tmp_path)
     assert list(trace.steps["step"]) == [0, 1, 2]
-    assert trace.meta[0].backward_timing.startswith(kernel)
+    assert trace.meta[0].phase_timing.startswith(kernel)
     phases = trace.spans[trace.spans["kind"] == "phase"].sort_values("start_ns", kind="stable")
     fingerprinting = phases[phases["name"] == "fingerprint"]
     assert list(fingerprinting["step"]) == [0, 2]  # its own span, charged to no step's phases
@@ -395,8 +399,11 @@ def test_a_device_error_while_reading_a_scalar_loses_the_values_not_the_trace(
 
 
 def test_a_raising_hook_is_switched_off_with_one_warning(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kernel: str
 ) -> None:
+    """The work of a step's first forward pass raises (the native forward hands that pass to
+    Python, which counts its FLOPs): training goes on, the phases are off, said once."""
+
     def broken(*args: object) -> list[object]:
         raise ValueError("injected")
 
@@ -576,7 +583,7 @@ def test_ddp_buckets_are_recorded_through_the_comm_hook_unless_switched_off(
 
 @pytest.mark.parametrize("ddp_buckets", [True, "comm_hook"])
 def test_a_recorded_model_copies_and_saves_and_its_copies_record_nothing(
-    tmp_path: Path, world_of_one, ddp_buckets: bool | str
+    tmp_path: Path, world_of_one, ddp_buckets: bool | str, kernel: str
 ) -> None:
     """An EMA model deep-copied mid-training, or the whole model saved with torch.save: both
     work as without dtprof, and the copy's passes are not the recorded model's phases."""
@@ -608,7 +615,9 @@ class _OwnForward(nn.Module):
         return self.linear(x) * scale
 
 
-def test_the_forward_is_timed_without_module_hooks_and_given_back(tmp_path: Path) -> None:
+def test_the_forward_is_timed_without_module_hooks_and_given_back(
+    tmp_path: Path, kernel: str
+) -> None:
     """The model takes nn.Module's fast path (no hooks), its forward's signature reads as its
     own while recorded (Hugging Face's Trainer keeps the columns it names), and after the
     profile the model has the forward it had: its class's, or one set on the instance."""
@@ -631,7 +640,7 @@ def test_the_forward_is_timed_without_module_hooks_and_given_back(tmp_path: Path
     assert vars(own)["forward"] is doubled
 
 
-def test_a_compiled_model_is_timed_through_its_wrapped_forward(tmp_path: Path) -> None:
+def test_a_compiled_model_is_timed_through_its_wrapped_forward(tmp_path: Path, kernel: str) -> None:
     """torch.compile traces the model's call, dtprof's forward wrapper included: training runs
     as without dtprof and each step still has its forward."""
     model = _OwnForward()
@@ -654,7 +663,9 @@ def test_a_compiled_model_is_timed_through_its_wrapped_forward(tmp_path: Path) -
     assert list(phases[phases["name"] == "forward"]["step"]) == [0, 1, 2]
 
 
-def test_a_forward_wrapped_again_while_recorded_still_runs_after(tmp_path: Path) -> None:
+def test_a_forward_wrapped_again_while_recorded_still_runs_after(
+    tmp_path: Path, kernel: str
+) -> None:
     """Something that wraps the model's forward after dtprof did (as Accelerate does) keeps
     working when the profile ends: dtprof's wrapper stays inside it, timing nothing."""
     model = _OwnForward()

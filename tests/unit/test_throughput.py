@@ -70,6 +70,60 @@ def _record(trace: Path, steps: int, *, log_samples: bool = False) -> None:
             prof.step()
 
 
+class _AnyInput(nn.Module):
+    """A model that takes its batch as a tensor, by position or as input_ids, or in a dict."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 1)
+
+    def forward(self, x: object = None, input_ids: object = None) -> torch.Tensor:
+        batch = x if x is not None else input_ids
+        if isinstance(batch, dict):
+            batch = batch["x"]
+        assert isinstance(batch, torch.Tensor)
+        return self.linear(torch.ones(len(batch) if batch.dim() else 1, 4)).sum()
+
+
+def test_a_steps_counts_are_the_same_whoever_counts_them(tmp_path: Path, kernel: str) -> None:
+    """From the second step the native kernel counts the passes whose input is a plain tensor
+    and hands the others to Python: the scalars are those batch_counts gives, either way."""
+    ids = torch.zeros(3, 7, dtype=torch.long)
+    steps: list[list[tuple[tuple[object, ...], dict[str, object]]]] = [
+        [((torch.zeros(5, 4),), {})],  # the FLOPs' step
+        [((torch.zeros(5, 4),), {})],
+        [((ids,), {})],  # token ids by position
+        [((), {"input_ids": torch.zeros(2, 6, dtype=torch.long)})],
+        [(({"x": torch.zeros(6, 4)},), {})],
+        [((torch.zeros(5, 4),), {}), ((ids,), {})],  # two micro-batches
+        [((torch.tensor(1.0),), {})],  # nothing to count
+    ]
+    model = _AnyInput()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with dtprof.profile(tmp_path, model=model, optimizer=opt, clock_sync=False) as prof:
+        for passes in steps:
+            for args, kwargs in passes:
+                model(*args, **kwargs).backward()
+            opt.step()
+            opt.zero_grad()
+            prof.step()
+    trace = dtprof.load_trace(tmp_path)
+    assert trace.meta[0].phase_timing.startswith(kernel)
+    scalars = trace.scalars.sort_values(["step", "name"])
+    counted = {(int(r.step), r.name): r.value for r in scalars.itertuples()}
+    assert counted == {
+        (0, "samples"): 5,
+        (1, "samples"): 5,
+        (2, "samples"): 3,
+        (2, "tokens"): 21,
+        (3, "samples"): 2,
+        (3, "tokens"): 12,
+        (4, "samples"): 6,
+        (5, "samples"): 8,
+        (5, "tokens"): 21,
+    }
+
+
 FORWARD_FLOPS = 2 * 2 * BATCH * (WIDTH * HIDDEN + HIDDEN * OUT)  # two passes, 2 per multiply-add
 
 

@@ -1,8 +1,8 @@
 """The native (C++) kernel: built once per torch build, then loaded.
 
 ``buckets.cpp`` does what :mod:`dtprof.record.ddp_buckets` does with no Python on a bucket's
-path (see there); ``backward.cpp`` times the backward phase as :mod:`dtprof.record.phases`
-does, with no Python in the autograd pass (see there); ``scalars.cpp`` reads a logged CPU
+path (see there); ``phases.cpp`` times the phases as :mod:`dtprof.record.phases` does, with no
+Python on the step's path in the common case (see there); ``scalars.cpp`` reads a logged CPU
 tensor's value without torch's dispatcher (``read_scalar``, for ``prof.log()``, where the
 kernel is loaded for a model). It is compiled against the torch in use, as torch extensions
 are, so it is built on the machine, once per torch build, into dtprof's cache (a C++ compiler
@@ -29,12 +29,15 @@ from dtprof.cache import native_off, native_root
 from dtprof.errors import DtprofError
 
 SOURCES = tuple(
-    Path(__file__).with_name(name) for name in ("buckets.cpp", "backward.cpp", "scalars.cpp")
+    Path(__file__).with_name(name) for name in ("buckets.cpp", "phases.cpp", "scalars.cpp")
 )
 HEADERS = (Path(__file__).with_name("clock.h"),)
 NAME = "dtprof_native"
 SLOTS = 64  # watched groups at most (kSlots in buckets.cpp)
 FIELDS = 13  # a record's columns (kFields, Record in buckets.cpp)
+# the numbers phases.cpp shares with Python (Field there): dtprof.record.phases reads them
+STEP, DATA_FROM, OPTIMIZER_FROM, SAMPLES, TOKENS, SEEN, WORK_IN_PYTHON = range(7)
+PHASE_FIELDS = 7
 
 _loaded: Native | None = None
 _lock = threading.Lock()

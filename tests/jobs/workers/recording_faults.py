@@ -3,7 +3,9 @@
 Usage: recording_faults.py TRACE disk|hook STEPS FAIL_AT
 
 ``disk``: from step FAIL_AT every write of a trace segment fails with ENOSPC, as on a full disk.
-``hook``: from step FAIL_AT dtprof's phase hooks raise. Every warning is printed (not only the
+``hook``: from step FAIL_AT dtprof's phase hooks raise (their work at the step's end, which
+runs whether the kernel or Python times the phases: the phases of FAIL_AT are recorded, not
+those after). Every warning is printed (not only the
 first per place), and the job prints ``trained N steps`` when the loop is done.
 """
 
@@ -42,7 +44,7 @@ def main() -> None:
                     def broken(*args: object, **kwargs: object) -> object:
                         raise ValueError("injected fault")
 
-                    phases.StepWork.forward_begins = broken  # type: ignore[method-assign]
+                    phases.StepWork.step_ends = broken  # type: ignore[method-assign]
             x = torch.randn(16, 32)
             loss = model(x).square().mean()
             opt.zero_grad()
