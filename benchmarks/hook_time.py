@@ -70,8 +70,17 @@ FUNCTIONS = (
     "dtprof.record.auto:Session.optimizer_post",
     "dtprof.record.profiler:Profiler.log",
     "dtprof.record.profiler:Profiler.step",
+    "dtprof.record.memory:StepMemory.step_ends",  # inside the above: memory, when due
+    "dtprof.record.phases:PhaseHooks._step_ends",  # its phases' end, in Python only
+    "dtprof.record.phases:PhaseHooks.step_ends",  # the same, in older trees
 )
-NESTED = ("StepWork.forward_begins",)  # shown for its share of the one above, not summed
+# shown for their share of the one above them, not summed
+NESTED = (
+    "StepWork.forward_begins",
+    "StepMemory.step_ends",
+    "PhaseHooks._step_ends",
+    "PhaseHooks.step_ends",
+)
 INSIDE_THE_SESSION = ("Profiler.log", "Profiler.step")  # called by Session.optimizer_post
 # overhead.py's model and step, on a one-rank gloo group: what both processes below train
 MODEL = """

@@ -324,9 +324,9 @@ def faulty_hooks(args: argparse.Namespace) -> None:
 
         return call
 
-    # one call per step (the phases' work at a step's end, native or not); about two buckets
-    # per step
-    phases.StepWork.step_ends = broken(phases.StepWork.step_ends, 3)  # type: ignore[method-assign,assignment]
+    # one call per step (its samples logged: at its end in Python, at the writer's next tick
+    # where the native kernel times the phases); about two buckets per step
+    phases.StepWork._log = broken(phases.StepWork._log, 3)  # type: ignore[method-assign,assignment]
     comms.CommRecorder.launched = broken(comms.CommRecorder.launched, 6)  # type: ignore[method-assign,assignment]
     ddp_buckets.NativeBuckets._row = broken(ddp_buckets.NativeBuckets._row, 6)  # type: ignore[method-assign,assignment]
     model, opt = _ddp(args)

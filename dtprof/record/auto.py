@@ -161,7 +161,7 @@ class Session:
             if prof.step_index == 0:
                 prof.step_start_ns = now_ns()
                 if hasattr(prof, "phases"):
-                    prof.phases.step_begins(0, None)
+                    prof.phases.data_phase_from(None)
         if not any(module is root for root in self.roots):
             self.roots.append(module)
 

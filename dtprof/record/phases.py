@@ -86,6 +86,10 @@ class PhaseHooks:
         self.ddp_buckets = False
         self.native = self._native_phases()  # the phases timed in C++, or None
         self.work = StepWork(prof, self.native.state if self.native is not None else None)
+        # step_ends(step, data_from): the profiler's call at each step's end, after which
+        # ``step + 1`` is in progress, its data phase from data_from (-1: none): the kernel's
+        # builtin where it times the phases (no Python frame), else Python's
+        self.step_ends = self.native.step_ends if self.native is not None else self._step_ends
 
     def _native_phases(self) -> NativePhases | None:
         """The native kernel's phases where it loads (not on CUDA, where the Python hooks also
@@ -161,35 +165,40 @@ class PhaseHooks:
         self.work.close()
         native = self.native
         if native is not None:
-            native.take(self.spans)
+            self.take_native()
             if native.lost:
                 self.prof.note_meta(
-                    phase_timing=f"native ({native.lost} spans lost: more than "
-                    f"{native.RING - 1} between two of the writer's ticks)"
+                    phase_timing=f"native ({native.lost} rows lost: more than "
+                    f"{native.RING - 1} spans or steps between two of the writer's ticks)"
                 )
 
-    def take_native_spans(self) -> None:
-        """The spans the native kernel wrote since the last take, into the trace (on the
-        writer thread, at each tick)."""
-        if self.native is not None:
-            self.native.take(self.spans)
+    def take_native(self) -> None:
+        """What the native kernel wrote since the last take, into the trace: its spans, and the
+        steps' counts (StepWork logs them). On the writer thread at each tick, and at the
+        end."""
+        native = self.native
+        if native is not None:
+            counted = native.take(self.spans)
+            try:
+                self.work.steps_counted(counted)
+            except Exception as exc:
+                self.prof.hook_failed("phases", exc)
 
-    def step_ends(self, step: int) -> None:
-        """The step's work (samples, tokens, FLOPs) into the trace."""
+    def _step_ends(self, step: int, data_from_ns: int) -> None:
+        """step_ends in Python: the step's work logged (StepWork), the next one's data phase."""
         try:
             self.work.step_ends(step)
         except Exception as exc:
             self.prof.hook_failed("phases", exc)
+        self.data_from_ns = data_from_ns
 
-    def step_begins(self, step: int, data_from_ns: int | None) -> None:
-        """A step begins (the profiler's step index is ``step``), its data phase at
-        ``data_from_ns`` (None: no data phase before its first forward)."""
-        native = self.native
-        if native is not None:
-            native.state[STEP] = step
-            native.state[DATA_FROM] = -1 if data_from_ns is None else data_from_ns
+    def data_phase_from(self, start_ns: int | None) -> None:
+        """The data phase of the step in progress began at ``start_ns`` (None: it has none:
+        its first forward comes before anything is timed)."""
+        if self.native is not None:
+            self.native.state[DATA_FROM] = -1 if start_ns is None else start_ns
         else:
-            self.data_from_ns = data_from_ns
+            self.data_from_ns = start_ns
 
     def forward_begins(self, module: torch.nn.Module, args: Any, kwargs: Any) -> None:
         t = now_ns()
@@ -415,10 +424,11 @@ PHASES = ("data", "forward", "backward", "optimizer")  # the kernel's phase code
 
 class NativePhases:
     """The phases the native kernel times (dtprof/record/native/phases.cpp): its forward
-    wrapper (``ForwardTimer``), optimizer hooks and backward hook (``watch``), the numbers it
-    shares with Python (``state``) and the ring of spans it writes in its memory (``take``)."""
+    wrapper (``ForwardTimer``), optimizer hooks, backward hook (``watch``) and end of a step
+    (``step_ends``), the numbers it shares with Python (``state``) and the rings of spans and
+    of steps' counts it writes in its memory (``take``)."""
 
-    RING = 16384  # kRing in phases.cpp: spans between two takes before any is lost
+    RING = 16384  # kRing in phases.cpp: rows between two takes before any is lost
 
     def __init__(self, native: Native, step: int) -> None:
         lib = native.lib
@@ -427,27 +437,34 @@ class NativePhases:
             "dtprof_forward_timer_type",
             "dtprof_optimizer_pre_hook",
             "dtprof_optimizer_post_hook",
+            "dtprof_step_ender",
         ):
             getattr(lib, name).restype = ctypes.py_object
         lib.dtprof_optimizer_pre_hook.argtypes = [ctypes.py_object]
+        for name in (
+            "dtprof_phases_state",
+            "dtprof_phases_ring",
+            "dtprof_phases_written",
+            "dtprof_counts_ring",
+            "dtprof_counts_written",
+        ):
+            getattr(lib, name).restype = ctypes.c_int64
         # watch(tensor._cdata, step) -> bool: time the pass that reaches the tensor's node as
         # step ``step``'s backward; False where the kernel cannot (a tensor no node made). The
         # kernel's builtin itself: a Python method around it would cost more than it does.
         self.watch = lib.dtprof_backward_watcher()
         self.ForwardTimer = lib.dtprof_forward_timer_type()  # (hooks, module, wrapped)
+        # step_ends(step, data_from): the step's counts into their ring; the next step's
+        # number, and its data phase from data_from (-1: none)
+        self.step_ends = lib.dtprof_step_ender()
         self._lib = lib
-        lib.dtprof_phases_state.restype = ctypes.c_int64
         self.state = int64s(lib.dtprof_phases_state(), PHASE_FIELDS)
         self.state[STEP] = step
         self.state[DATA_FROM] = -1
         self.state[SAMPLES] = self.state[TOKENS] = self.state[SEEN] = 0
-        self.state[WORK_IN_PYTHON] = 1  # until StepWork has counted the FLOPs
-        lib.dtprof_phases_ring.restype = ctypes.c_int64
-        self._ring = int64s(lib.dtprof_phases_ring(), 1 + 4 * self.RING)
-        lib.dtprof_phases_written.restype = ctypes.c_int64
-        self._written = lib.dtprof_phases_written  # the count, after which the rows are whole
-        self._read = self._written()  # the spans written before this profile are not its own
-        self.lost = 0  # spans overwritten before they were read
+        self.state[WORK_IN_PYTHON] = 1  # until the FLOPs' step is over (StepWork)
+        self.spans = Ring(lib.dtprof_phases_ring(), lib.dtprof_phases_written, 4, self.RING)
+        self.counts = Ring(lib.dtprof_counts_ring(), lib.dtprof_counts_written, 3, self.RING)
         self._lock = threading.Lock()  # the writer's tick and the profile's end both take
 
     def optimizer_hooks(self, closure_given: Any) -> tuple[Any, Any]:
@@ -457,28 +474,53 @@ class NativePhases:
             self._lib.dtprof_optimizer_post_hook()
         )
 
-    def take(self, spans: deque[tuple[Any, ...]]) -> None:
-        """The spans written since the last take, into ``spans`` (the ring read in slices,
-        the rows made by zip: a Python loop over them would cost the writer about 1 µs a
-        span)."""
+    def take(self, spans: deque[tuple[Any, ...]]) -> list[tuple[int, int, int]]:
+        """The spans written since the last take, into ``spans``; the steps' counts written
+        since, as (step, samples, tokens)."""
         with self._lock:
-            written, read = self._written(), self._read
-            if written == read:
-                return
-            if written - read >= self.RING:  # the oldest may be being written over
-                self.lost += written - read - self.RING + 1
-                read = written - self.RING + 1
-            first = read % self.RING
-            last = first + written - read
-            ring = self._ring
-            if last <= self.RING:
-                flat = ring[1 + 4 * first : 1 + 4 * last].tolist()
-            else:  # around the end of the ring
-                flat = (
-                    ring[1 + 4 * first :].tolist() + ring[1 : 1 + 4 * (last - self.RING)].tolist()
-                )
-            names = map(PHASES.__getitem__, flat[1::4])
-            kind, depth, none = repeat("phase"), repeat(0), repeat(None)  # endless: not strict
-            columns = (flat[0::4], names, kind, flat[2::4], flat[3::4], depth, none, none)
-            spans.extend(zip(*columns, strict=False))
-            self._read = written
+            columns = self.spans.take()
+            if columns:
+                steps, codes, starts, ends = columns
+                names = map(PHASES.__getitem__, codes)
+                kind, depth, none = repeat("phase"), repeat(0), repeat(None)  # endless
+                rows = (steps, names, kind, starts, ends, depth, none, none)
+                spans.extend(zip(*rows, strict=False))
+            columns = self.counts.take()
+            return list(zip(*columns, strict=True)) if columns else []
+
+    @property
+    def lost(self) -> int:
+        """Rows written over before they were read."""
+        return self.spans.lost + self.counts.lost
+
+
+class Ring:
+    """One of the kernel's rings: the count of rows written so far, then ``size`` rows of
+    ``width`` 64-bit integers, row i at i % size; read in slices (a Python loop over the rows
+    would cost the writer about 1 µs a row)."""
+
+    def __init__(self, address: int, written: Any, width: int, size: int) -> None:
+        self.memory = int64s(address, 1 + width * size)
+        self.written = written  # the count, after which the rows below it are whole
+        self.width, self.size = width, size
+        self.read = written()  # the rows written before this profile are not its own
+        self.lost = 0  # rows overwritten before they were read
+
+    def take(self) -> list[list[int]]:
+        """The columns of the rows written since the last take (none: [])."""
+        written, read = self.written(), self.read
+        if written == read:
+            return []
+        if written - read >= self.size:  # the oldest may be being written over
+            self.lost += written - read - self.size + 1
+            read = written - self.size + 1
+        width, memory = self.width, self.memory
+        first = read % self.size
+        last = first + written - read
+        if last <= self.size:
+            flat = memory[1 + width * first : 1 + width * last].tolist()
+        else:  # around the end of the ring
+            wrapped = memory[1 : 1 + width * (last - self.size)].tolist()
+            flat = memory[1 + width * first :].tolist() + wrapped
+        self.read = written
+        return [flat[column::width] for column in range(width)]

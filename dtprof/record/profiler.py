@@ -208,9 +208,11 @@ class Profiler:
         self._entered = False  # __enter__ succeeded: __exit__ has work to do
         self._switched_off: set[str] = set()  # hooks switched off after they raised
         self._region_depth = 0
+        self._phases_step_ends: Any = None  # PhaseHooks.step_ends, while the phases record
         self._removers: dict[str, list[Any]] = {}
         self._warned: set[str] = set()
-        self.logged_work: set[str] = set()  # of WORK_NAMES, those the script logs itself
+        # of WORK_NAMES, those the script logs itself, and the first step it logged each at
+        self.logged_work: dict[str, int] = {}
         # a CPU tensor's value as a float: item(), or the native kernel's reader once loaded
         # (see attach); also how dtprof run's session reads the loss it sees
         self.read_scalar: Any = torch.Tensor.item
@@ -302,7 +304,7 @@ class Profiler:
         self.writer.start()
         self.step_start_ns = now_ns()
         if hasattr(self, "phases"):
-            self.phases.step_begins(self.step_index, self.step_start_ns)
+            self.phases.data_phase_from(self.step_start_ns)
 
     def __exit__(
         self,
@@ -400,7 +402,8 @@ class Profiler:
         if (model is not None or optimizer is not None) and "phases" not in self._switched_off:
             if "phases" not in self._removers:
                 self.phases = phases.PhaseHooks(self)
-                self._removers["phases"] = [self.phases.uninstall]
+                self._phases_step_ends = self.phases.step_ends
+                self._removers["phases"] = [self._stop_phases]
             if model is not None:
                 self.phases.add_model(model)
             if optimizer is not None:
@@ -412,6 +415,10 @@ class Profiler:
             self.pipeline = schedule
             self.note_meta(pipeline=pipeline.describe(schedule, self.rank))
             self._removers["pipeline"] = [pipeline.install(self, schedule)]
+
+    def _stop_phases(self) -> None:
+        self._phases_step_ends = None
+        self.phases.uninstall()
 
     def _record_exception(self, exc: BaseException) -> None:
         """The exception training left with: in meta.json, and as an event on the trace's
@@ -436,17 +443,15 @@ class Profiler:
             return
         step = self.step_index
         self.steps.append((step, self.step_start_ns, t))
-        if "phases" in self._removers:
-            self.phases.step_ends(step)
-        if "step" not in self._switched_off:
+        if (self.fingerprint_every or t >= self.memory.due_ns) and "step" not in self._switched_off:
             t = self._step_extras(step, t)
         # the next step starts after dtprof's own per-step work, so that its time is charged
         # to neither step (a fingerprint shows as its own span)
+        if self._phases_step_ends is not None:  # before the step's number moves on (StepWork)
+            self._phases_step_ends(step, t)
         self.step_index = step + 1
         self.comms.step_cell[0] = step + 1
         self.step_start_ns = t
-        if "phases" in self._removers:
-            self.phases.step_begins(step + 1, t)
 
     def _step_extras(self, step: int, t: int) -> int:
         """Memory and fingerprints, when due; returns when this work ended."""
@@ -480,7 +485,7 @@ class Profiler:
         try:
             for name, value in values.items():
                 if name in WORK_NAMES:
-                    self.logged_work.add(name)
+                    self.logged_work.setdefault(name, step)
                 if isinstance(value, torch.Tensor):
                     if not value.is_cpu:
                         self._pending_scalars.append((step, name, *copy_for_later(value)))
@@ -506,7 +511,7 @@ class Profiler:
             return
         try:
             if "phases" in self._removers:
-                self.phases.take_native_spans()
+                self.phases.take_native()
             with gpu_timing.relaxed_capture_mode():  # never breaks a graph the user captures
                 self.comms.sync_native()
                 self._drain_gpu_timer()

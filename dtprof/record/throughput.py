@@ -8,7 +8,8 @@ once.
 - **Tokens**: the elements of ``input_ids`` or of a 2-D integer input (a batch of token ids),
   or the first two dimensions of ``inputs_embeds``; none for other inputs.
 - Only forward passes with gradients on count (not evaluation). The sums over a step's passes
-  (its micro-batches) are logged as the scalars ``samples`` and ``tokens`` at its end, unless
+  (its micro-batches) are logged as the scalars ``samples`` and ``tokens`` at its end (where
+  the native kernel times the phases, by the writer thread at its next tick), unless
   the script logs those names itself (``prof.log(samples=..., tokens=...)``): from the first
   step it does, its values are the ones kept. In a pipeline only the first stage counts them
   (the others' inputs are activations).
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from dtprof.record.native import SAMPLES, SEEN, TOKENS, WORK_IN_PYTHON
+from dtprof.record.native import PHASE_FIELDS, SAMPLES, SEEN, TOKENS, WORK_IN_PYTHON
 from dtprof.trace.meta import ModelFlops
 
 if TYPE_CHECKING:
@@ -75,48 +76,52 @@ def _first_tensor(items: tuple[Any, ...]) -> torch.Tensor | None:
 
 class StepWork:
     """The samples and tokens of each step, and the FLOPs of one, for one profiler: called by
-    the phase hooks at each forward pass and by the profiler at each step's end.
+    the phase hooks at each forward pass they hand it, and at each step's end.
 
-    Where the phases are native, the kernel counts the passes whose input is a plain tensor
-    once the FLOPs are counted (its counts are in ``native_state``, read and zeroed at each
-    step's end), and hands this class the others."""
+    The step's counts so far are ``counts`` (SAMPLES, TOKENS, SEEN, and WORK_IN_PYTHON: whether
+    every pass comes here): the native kernel's numbers where it times the phases, which it adds
+    to itself for the passes whose input is a plain tensor once the FLOPs' step is over, else
+    Python's own. At a step's end the kernel writes them into its ring, and the writer's tick
+    hands them to steps_counted(); in Python, step_ends() logs them."""
 
-    def __init__(self, prof: Profiler, native_state: Any = None) -> None:
+    def __init__(self, prof: Profiler, native_counts: Any = None) -> None:
         self.prof = prof
         self.scalars = prof.scalars
-        self.native_state = native_state  # NativePhases.state, or None
-        self.samples = 0
-        self.tokens = 0
-        self.seen = False  # a training forward pass in this step
+        self.counts = native_counts if native_counts is not None else [0] * PHASE_FIELDS
+        self.counts[WORK_IN_PYTHON] = 1
         self.counter: Any = None  # the FlopCounterMode while it counts
-        self.counted = False  # the count is made (or was given up)
+        self.counted = False  # the FLOPs are noted (or were given up)
         self.forward_flops = 0
-        self.count_step: int | None = None
+        self.count_step: int | None = None  # the step whose passes the FLOPs are counted on
+        self.count_work: tuple[int, int] | None = None  # that step's samples and tokens
         self.compute_dtype: str | None = None
 
     def forward_begins(self, module: torch.nn.Module, args: Any, kwargs: Any) -> None:
         if not torch.is_grad_enabled():
             return
-        counts = batch_counts(args, kwargs)
-        if counts is not None:
-            self.seen = True
-            self.samples += counts[0]
-            if counts[1] is not None:
-                self.tokens += counts[1]
-        if not self.counted and self.counter is None:
-            self._count_flops(module)
+        if self.counter is not None:  # a pass that raised before its end: its count ends here
+            self.forward_ends()
+        work = batch_counts(args, kwargs)
+        if work is not None:
+            counts = self.counts
+            counts[SEEN] = 1
+            counts[SAMPLES] += work[0]
+            if work[1] is not None:
+                counts[TOKENS] += work[1]
+        if not self.counted:
+            step = self.prof.step_index
+            if self.count_step is None or self.count_step == step:
+                self._count_flops(module, step)
+            else:  # the FLOPs' step is over: the native kernel counts plain inputs itself
+                self.counts[WORK_IN_PYTHON] = 0
 
-    def _count_flops(self, module: torch.nn.Module) -> None:
-        """Count the FLOPs of this forward pass, if it is one of the step that counts: that of
-        the first training pass seen (a model is attached between steps, so that step is seen
-        whole)."""
-        step = self.prof.step_index
+    def _count_flops(self, module: torch.nn.Module, step: int) -> None:
+        """Count the FLOPs of this forward pass, one of the step that counts: that of the first
+        training pass seen (a model is attached between steps, so that step is seen whole)."""
         try:
             if self.count_step is None:
                 self.count_step = step
                 self.compute_dtype = compute_dtype(module)
-            elif self.count_step != step:
-                return
             from torch.utils.flop_counter import FlopCounterMode
 
             self.counter = FlopCounterMode(display=False)
@@ -141,38 +146,51 @@ class StepWork:
         self.prof.hook_failed("flops", exc)
 
     def _counting_ends(self) -> None:
-        """The FLOPs are counted (or given up): the native kernel counts passes from now on."""
+        """The FLOPs are noted (or given up): no pass needs Python for them any more."""
         self.counted = True
-        if self.native_state is not None:
-            self.native_state[WORK_IN_PYTHON] = 0
+        self.counts[WORK_IN_PYTHON] = 0
 
     def step_ends(self, step: int) -> None:
-        """Log this step's samples and tokens (unless the script logs its own); note the FLOPs
-        once the step they were counted in ends. A failure is the caller's to say
+        """A step's end, where Python times the phases: its counts logged, the FLOPs noted once
+        the step they were counted in has ended. A failure is the caller's to say
         (PhaseHooks.step_ends); the counts start again from zero either way."""
-        try:
-            if self.counter is not None:  # a forward pass that raised without its post-hook
-                self.forward_ends()
-            native = self.native_state
-            if native is not None and native[SEEN]:
-                self.seen = True
-                self.samples += native[SAMPLES]
-                self.tokens += native[TOKENS]
-            if self.seen and self._first_stage():
-                logged = self.prof.logged_work
-                if "samples" not in logged:
-                    self.scalars.append((step, "samples", float(self.samples)))
-                if self.tokens and "tokens" not in logged:
-                    self.scalars.append((step, "tokens", float(self.tokens)))
-            if self.count_step == step and not self.counted:
-                self._counting_ends()
-                self._note_flops()
-        finally:
-            self.samples = self.tokens = 0
-            self.seen = False
-            if self.native_state is not None:
-                self.native_state[SAMPLES] = self.native_state[TOKENS] = 0
-                self.native_state[SEEN] = 0
+        counts = self.counts
+        seen, samples, tokens = counts[SEEN], counts[SAMPLES], counts[TOKENS]
+        counts[SEEN] = counts[SAMPLES] = counts[TOKENS] = 0
+        if self.counter is not None:  # a forward pass that raised without its end
+            self.forward_ends()
+        if seen:
+            self._log(step, samples, tokens)
+        self._note_flops_once(step)
+
+    def steps_counted(self, rows: list[tuple[int, int, int]]) -> None:
+        """The counts of steps that have ended, as the native kernel wrote them: logged; the
+        FLOPs noted once the step they were counted in has ended. On the writer thread at each
+        tick, and at the profile's end."""
+        for step, samples, tokens in rows:
+            self._log(step, samples, tokens)
+        # the kernel writes a step's counts before its number moves on (Profiler.step)
+        self._note_flops_once(self.prof.step_index - 1)
+
+    def _log(self, step: int, samples: int, tokens: int) -> None:
+        """Log a step's samples and tokens, unless the script logs its own from that step on."""
+        if step == self.count_step:
+            self.count_work = (samples, tokens)
+        if not self._first_stage():
+            return
+        logged = self.prof.logged_work  # name -> the first step the script logged it at
+        if step < logged.get("samples", step + 1):
+            self.scalars.append((step, "samples", float(samples)))
+        if tokens and step < logged.get("tokens", step + 1):
+            self.scalars.append((step, "tokens", float(tokens)))
+
+    def _note_flops_once(self, last_ended: int) -> None:
+        """Note the FLOPs, once the step they were counted in has ended (``last_ended``: the
+        latest step that has)."""
+        if self.counted or self.count_step is None or self.count_step > last_ended:
+            return
+        self._counting_ends()
+        self._note_flops()
 
     def _first_stage(self) -> bool:
         """Whether this rank's inputs are the job's: in a pipeline, only its first stage's are
@@ -186,12 +204,13 @@ class StepWork:
         name = accelerator_name(model)
         if name is not None:
             self.prof.note_meta(device_name=name)
+        samples, tokens = self.count_work if self.count_work is not None else (None, None)
         self.prof.note_meta(
             model_flops=ModelFlops(
                 per_step=3 * self.forward_flops,
                 forward=self.forward_flops,
-                samples=self.samples if self.seen else None,
-                tokens=self.tokens or None,
+                samples=samples,
+                tokens=tokens or None,
                 parameters=parameters,
                 dtype=self.compute_dtype,
                 method="FlopCounterMode on one step's forward passes, x3",

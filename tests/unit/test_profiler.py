@@ -7,10 +7,8 @@ import ctypes
 import gc
 import inspect
 import itertools
-import threading
 import time
 import warnings
-from collections import deque
 from pathlib import Path
 
 import pytest
@@ -20,8 +18,7 @@ from torch import nn
 
 import dtprof
 from dtprof.jobs.launch import free_port
-from dtprof.record.native import int64s
-from dtprof.record.phases import NativePhases
+from dtprof.record.phases import NativePhases, Ring
 from dtprof.record.profiler import NullProfiler
 from dtprof.record.writer import DtprofWarning
 from tests.conftest import native_kernel_or_skip
@@ -167,41 +164,33 @@ def test_backward_passes_reach_the_trace_while_it_records(tmp_path: Path, kernel
     assert sorted(live[live["name"] == "forward"]["step"]) == [0, 1, 2]
 
 
-def test_native_spans_are_read_from_the_ring_in_order_and_losses_counted() -> None:
-    """The ring the C++ hooks write (written count, then step, phase, start, end per span),
-    read as Python reads it: what came since the last read, oldest first; what was written over
-    before it was read is counted, not made up."""
-    native = object.__new__(NativePhases)
-    memory = (ctypes.c_int64 * (1 + 4 * NativePhases.RING))()
-    ring = native._ring = int64s(ctypes.addressof(memory), len(memory))
-    native._written = lambda: ring[0]  # type: ignore[method-assign]
-    native._read, native.lost, native._lock = 0, 0, threading.Lock()
+def test_a_native_ring_is_read_in_order_and_its_losses_counted() -> None:
+    """A ring the C++ kernel writes (the count written, then rows of ``width`` numbers), read as
+    Python reads it: the columns of what came since the last read, oldest first, around the
+    ring's end; what was written over before it was read is counted, not made up."""
+    size = 64
+    memory = (ctypes.c_int64 * (1 + 3 * size))()
+    ring = Ring(ctypes.addressof(memory), lambda: memory[0], width=3, size=size)
 
     def write(n: int) -> None:
         for _ in range(n):
-            i = ring[0]
-            at = 1 + 4 * (i % NativePhases.RING)
-            ring[at], ring[at + 1] = i // 2, i % 4
-            ring[at + 2], ring[at + 3] = 100 * i, 100 * i + 50
-            ring[0] = i + 1
+            i = memory[0]
+            at = 1 + 3 * (i % size)
+            memory[at], memory[at + 1], memory[at + 2] = i // 2, 100 * i, 100 * i + 50
+            memory[0] = i + 1
 
-    spans: deque = deque()
-    native.take(spans)
-    assert not spans
+    assert ring.take() == []
     write(3)
-    native.take(spans)
-    native.take(spans)  # nothing new
-    assert [(s[0], s[1], s[3], s[4]) for s in spans] == [
-        (0, "data", 0, 50),
-        (0, "forward", 100, 150),
-        (1, "backward", 200, 250),
-    ]
-    spans.clear()
-    write(NativePhases.RING + 10)  # Python fell behind by more than the ring holds
-    native.take(spans)
-    assert native.lost == 11  # the oldest slot left may be the one being written: not read
-    assert len(spans) == NativePhases.RING - 1
-    assert [s[3] for s in spans] == [100 * i for i in range(14, 3 + NativePhases.RING + 10)]
+    assert ring.take() == [[0, 0, 1], [0, 100, 200], [50, 150, 250]]
+    assert ring.take() == []  # nothing new
+    write(size - 5)  # up to two short of the end
+    ring.take()
+    write(4)  # two rows at the end, two from the start again
+    assert ring.take()[1] == [100 * i for i in range(size - 2, size + 2)]
+    write(size + 10)  # Python fell behind by more than the ring holds
+    starts = ring.take()[1]
+    assert ring.lost == 11  # the oldest slot left may be the one being written: not read
+    assert starts == [100 * i for i in range(size + 2 + 11, 2 * size + 12)]
 
 
 def test_native_spans_lost_between_takes_are_said_in_the_metadata(tmp_path: Path) -> None:
@@ -217,9 +206,8 @@ def test_native_spans_lost_between_takes_are_said_in_the_metadata(tmp_path: Path
     trace = dtprof.load_trace(tmp_path)
     assert len(trace.spans) == NativePhases.RING - 1
     assert (trace.spans["name"] == "backward").sum() == NativePhases.RING // 2
-    assert trace.meta[0].phase_timing.startswith(
-        f"native ({2 * extra + 2} spans lost"
-    )  # and a data span
+    lost = 2 * extra + 2  # and a data span
+    assert trace.meta[0].phase_timing.startswith(f"native ({lost} rows lost")
 
 
 def test_regions_nest_and_close_even_when_their_block_raises(tmp_path: Path, fake_clock) -> None:

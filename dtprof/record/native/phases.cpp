@@ -22,13 +22,17 @@
 // - The optimizer's step pre- and post-hook, plain builtins that torch calls; a step given
 //   arguments (a closure) goes to PhaseHooks.closure_given.
 //
-// Every span is written into one ring (step, phase, start, end) that Python reads through
-// plain memory, on dtprof's writer thread at each tick and at the profile's end, after
-// dtprof_phases_written(), whose acquire load makes every row below the count it returns
-// complete. The step in progress, the data phase's start and the step's counts are a few
-// numbers Python shares the same way (dtprof_phases_state()): the profiler writes the step and
-// the data phase's start at each step's end, and reads and zeroes the counts. Both sides touch
-// them holding the GIL. One profile records at a time in a process, so all this is global.
+// - step_ends(step, data_from), which the profiler calls at each step's end: the step's samples
+//   and tokens (counted here or by StepWork, which adds to the same numbers) into their ring,
+//   the next step's number and its data phase's start.
+//
+// Every span is written into one ring (step, phase, start, end), and each step's counts into
+// another (step, samples, tokens), that Python reads through plain memory, on dtprof's writer
+// thread at each tick and at the profile's end, after dtprof_phases_written() or
+// dtprof_counts_written(), whose acquire load makes every row below the count it returns
+// complete. The step in progress, the data phase's start and the step's counts so far are a few
+// numbers Python shares the same way (dtprof_phases_state()). Both sides touch them holding the
+// GIL. One profile records at a time in a process, so all this is global.
 
 #include <Python.h>
 #include <c10/core/GradMode.h>
@@ -88,6 +92,13 @@ enum Field {
   kFields
 };
 int64_t state[kFields] = {0, -1, 0, 0, 0, 0, 1};
+
+struct CountRing {
+  std::atomic<int64_t> written;  // steps written so far; step i is at rows[i % kRing]
+  int64_t rows[kRing][3];  // step, samples, tokens
+};
+
+CountRing counts{};  // written by the training thread alone, holding the GIL
 
 // ------------------------------------------------------------------ backward
 
@@ -501,6 +512,38 @@ PyObject* optimizer_post(PyObject* /*self*/, PyObject* const* /*args*/, Py_ssize
   Py_RETURN_NONE;
 }
 
+// step_ends(step, data_from): the step's counts into their ring (where a pass was counted), the
+// next step's number and its data phase's start (-1: none) into the shared numbers
+PyObject* step_ends(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 2) {
+    PyErr_SetString(PyExc_TypeError, "step_ends(step, data_from)");
+    return nullptr;
+  }
+  const int64_t step = PyLong_AsLongLong(args[0]);
+  const int64_t data_from = PyLong_AsLongLong(args[1]);
+  if (PyErr_Occurred()) {
+    return nullptr;
+  }
+  if (state[kSeen] != 0) {
+    const int64_t i = counts.written.load(std::memory_order_relaxed);
+    int64_t* row = counts.rows[i % kRing];
+    row[0] = step;
+    row[1] = state[kSamples];
+    row[2] = state[kTokens];
+    counts.written.store(i + 1, std::memory_order_release);
+    state[kSamples] = state[kTokens] = state[kSeen] = 0;
+  }
+  state[kStep] = step + 1;
+  state[kDataFrom] = data_from;
+  Py_RETURN_NONE;
+}
+
+PyMethodDef step_ends_def = {
+    "step_ends",
+    reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(step_ends)),
+    METH_FASTCALL,
+    "A step ends: its counts into their ring; the next step's number and data phase begin."};
+
 PyMethodDef optimizer_pre_def = {
     "optimizer_pre",
     reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(optimizer_pre)),
@@ -530,11 +573,16 @@ PyObject* dtprof_optimizer_pre_hook(PyObject* closure_given) {
 }
 PyObject* dtprof_optimizer_post_hook() { return PyCFunction_New(&optimizer_post_def, nullptr); }
 
-// the ring's address, for Python's view of it
-int64_t dtprof_phases_ring() { return reinterpret_cast<int64_t>(&ring); }
+// the builtin step_ends (a new reference)
+PyObject* dtprof_step_ender() { return PyCFunction_New(&step_ends_def, nullptr); }
 
-// the spans written so far: every row below this count is complete
+// the rings' addresses, for Python's view of them
+int64_t dtprof_phases_ring() { return reinterpret_cast<int64_t>(&ring); }
+int64_t dtprof_counts_ring() { return reinterpret_cast<int64_t>(&counts); }
+
+// the rows written so far: every row below this count is complete
 int64_t dtprof_phases_written() { return ring.written.load(std::memory_order_acquire); }
+int64_t dtprof_counts_written() { return counts.written.load(std::memory_order_acquire); }
 
 // the shared numbers' address (kFields of them)
 int64_t dtprof_phases_state() { return reinterpret_cast<int64_t>(&state[0]); }
