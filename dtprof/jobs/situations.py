@@ -324,9 +324,17 @@ def faulty_hooks(args: argparse.Namespace) -> None:
 
         return call
 
-    # one call per step (its samples logged: at its end in Python, at the writer's next tick
-    # where the native kernel times the phases); about two buckets per step
-    phases.StepWork._log = broken(phases.StepWork._log, 3)  # type: ignore[method-assign,assignment]
+    log_counts = phases.StepWork._log_counts
+
+    def counts_from_step_3_raise(work: phases.StepWork, rows: list[tuple[int, int, int]]) -> None:
+        # the steps' samples logged: at each step's end in Python, at the writer's ticks where
+        # the native kernel times the phases (and at the end: whichever logs step 3 raises)
+        if any(step >= 3 for step, _, _ in rows):
+            raise ValueError("injected fault")
+        log_counts(work, rows)
+
+    phases.StepWork._log_counts = counts_from_step_3_raise  # type: ignore[method-assign,assignment]
+    # about two buckets per step
     comms.CommRecorder.launched = broken(comms.CommRecorder.launched, 6)  # type: ignore[method-assign,assignment]
     ddp_buckets.NativeBuckets._row = broken(ddp_buckets.NativeBuckets._row, 6)  # type: ignore[method-assign,assignment]
     model, opt = _ddp(args)

@@ -159,30 +159,31 @@ class StepWork:
         counts[SEEN] = counts[SAMPLES] = counts[TOKENS] = 0
         if self.counter is not None:  # a forward pass that raised without its end
             self.forward_ends()
-        if seen:
-            self._log(step, samples, tokens)
+        self._log_counts([(step, samples, tokens)] if seen else [])
         self._note_flops_once(step)
 
     def steps_counted(self, rows: list[tuple[int, int, int]]) -> None:
         """The counts of steps that have ended, as the native kernel wrote them: logged; the
         FLOPs noted once the step they were counted in has ended. On the writer thread at each
         tick, and at the profile's end."""
-        for step, samples, tokens in rows:
-            self._log(step, samples, tokens)
+        self._log_counts(rows)
         # the kernel writes a step's counts before its number moves on (Profiler.step)
         self._note_flops_once(self.prof.step_index - 1)
 
-    def _log(self, step: int, samples: int, tokens: int) -> None:
-        """Log a step's samples and tokens, unless the script logs its own from that step on."""
-        if step == self.count_step:
-            self.count_work = (samples, tokens)
+    def _log_counts(self, rows: list[tuple[int, int, int]]) -> None:
+        """Log steps' (step, samples, tokens), unless the script logs its own from a step on."""
+        if not rows:
+            return
+        for step, samples, tokens in rows:
+            if step == self.count_step:
+                self.count_work = (samples, tokens)
         if not self._first_stage():
             return
         logged = self.prof.logged_work  # name -> the first step the script logged it at
-        if step < logged.get("samples", step + 1):
-            self.scalars.append((step, "samples", float(samples)))
-        if tokens and step < logged.get("tokens", step + 1):
-            self.scalars.append((step, "tokens", float(tokens)))
+        until = logged.get("samples", rows[-1][0] + 1)
+        self.scalars.extend((s, "samples", float(n)) for s, n, _ in rows if s < until)
+        until = logged.get("tokens", rows[-1][0] + 1)
+        self.scalars.extend((s, "tokens", float(t)) for s, _, t in rows if t and s < until)
 
     def _note_flops_once(self, last_ended: int) -> None:
         """Note the FLOPs, once the step they were counted in has ended (``last_ended``: the
