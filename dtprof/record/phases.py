@@ -284,15 +284,15 @@ class PhaseHooks:
             timer = self.prof.gpu_timer
             if timer is not None:
                 self._mark_optimizer(timer)
-            if args or kwargs:  # perhaps a closure
+            if len(args) > 1 or kwargs:  # given more than the optimizer: perhaps a closure
                 return self._time_closure(args, kwargs)
         except Exception as exc:
             self.prof.hook_failed("phases", exc)
         return None
 
     def closure_given(self, args: Any, kwargs: Any) -> Any:
-        """The native optimizer pre-hook's hand-off of a step given arguments (perhaps a
-        closure): what _time_closure returns."""
+        """The native optimizer pre-hook's hand-off of a step given more than the optimizer
+        (perhaps a closure): what _time_closure returns."""
         try:
             return self._time_closure(args, kwargs)
         except Exception as exc:
@@ -302,9 +302,10 @@ class PhaseHooks:
     def _time_closure(self, args: Any, kwargs: Any) -> Any:
         """Where the step is given a closure (Lightning, LBFGS), which runs forward and backward
         inside it, the optimizer's own phase starts when the closure returned: the closure is
-        handed on timed (None: the step's arguments unchanged)."""
+        handed on timed (None: the step's arguments unchanged). ``args`` are the step's, the
+        optimizer first, as torch hands them to its step hooks."""
         by_name = "closure" in kwargs
-        closure = kwargs["closure"] if by_name else (args[0] if args else None)
+        closure = kwargs["closure"] if by_name else (args[1] if len(args) > 1 else None)
         if not callable(closure):
             return None
         native = self.native
@@ -323,7 +324,7 @@ class PhaseHooks:
 
         if by_name:
             return args, {**kwargs, "closure": timed_closure}
-        return (timed_closure, *args[1:]), kwargs
+        return (args[0], timed_closure, *args[2:]), kwargs
 
     def _mark_optimizer(self, timer: GpuTimer) -> None:
         """Where the optimizer's phase begins on the GPU (a closure's start replaces the

@@ -210,6 +210,36 @@ def test_native_spans_lost_between_takes_are_said_in_the_metadata(tmp_path: Path
     assert trace.meta[0].phase_timing.startswith(f"native ({lost} rows lost")
 
 
+@pytest.mark.parametrize("by_name", [False, True])
+def test_a_step_given_a_closure_times_the_optimizer_from_where_the_closure_returned(
+    tmp_path: Path, kernel: str, by_name: bool
+) -> None:
+    """A closure (LBFGS, Lightning) runs forward and backward inside the optimizer's step: the
+    optimizer's phase starts where it returned, whether it is passed by position or name."""
+    model = nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        loss = model(torch.randn(4, 8)).sum()
+        loss.backward()
+        return loss
+
+    with dtprof.profile(tmp_path, model=model, optimizer=opt, clock_sync=False) as prof:
+        for _ in range(3):
+            loss = opt.step(closure=closure) if by_name else opt.step(closure)
+            assert isinstance(loss, torch.Tensor)  # the closure's result, handed back
+            prof.step()
+    trace = dtprof.load_trace(tmp_path)
+    assert trace.meta[0].phase_timing.startswith(kernel)
+    phases = trace.spans[trace.spans["kind"] == "phase"]
+    for _, rows in phases.groupby("step"):
+        t = rows.set_index("name")
+        assert t.loc["forward", "end_ns"] <= t.loc["backward", "start_ns"]
+        assert t.loc["backward", "end_ns"] <= t.loc["optimizer", "start_ns"]
+    assert list(phases[phases["name"] == "optimizer"]["step"]) == [0, 1, 2]
+
+
 def test_regions_nest_and_close_even_when_their_block_raises(tmp_path: Path, fake_clock) -> None:
     with dtprof.profile(tmp_path, clock_sync=False) as prof:
         with prof.region("outer"), pytest.raises(KeyError), prof.region("inner"):

@@ -496,11 +496,12 @@ PyType_Spec forward_spec = {"dtprof_native.ForwardTimer", sizeof(ForwardTimer), 
 
 // ------------------------------------------------------------------ optimizer
 
-// optimizer_pre(optimizer, args, kwargs), a step pre-hook; its self: PhaseHooks.closure_given
+// optimizer_pre(optimizer, args, kwargs), a step pre-hook (torch hands it the step's
+// arguments, the optimizer first); its self: PhaseHooks.closure_given, for a step given more
 PyObject* optimizer_pre(PyObject* closure_given, PyObject* const* args, Py_ssize_t nargs) {
   state[kOptimizerFrom] = now_ns();
   if (nargs == 3 && PyTuple_Check(args[1]) && PyDict_Check(args[2]) &&
-      (PyTuple_GET_SIZE(args[1]) != 0 || PyDict_GET_SIZE(args[2]) != 0)) {
+      (PyTuple_GET_SIZE(args[1]) > 1 || PyDict_GET_SIZE(args[2]) != 0)) {
     return PyObject_CallFunctionObjArgs(closure_given, args[1], args[2], nullptr);
   }
   Py_RETURN_NONE;
