@@ -38,10 +38,7 @@ from dtprof.record.native import (
     DATA_FROM,
     OPTIMIZER_FROM,
     PHASE_FIELDS,
-    SAMPLES,
-    SEEN,
     STEP,
-    TOKENS,
     int64s,
 )
 from dtprof.record.throughput import StepWork
@@ -461,7 +458,6 @@ class NativePhases:
         self.state = int64s(lib.dtprof_phases_state(), PHASE_FIELDS)
         self.state[STEP] = step
         self.state[DATA_FROM] = -1
-        self.state[SAMPLES] = self.state[TOKENS] = self.state[SEEN] = 0  # StepWork's from now
         self.spans = Ring(lib.dtprof_phases_ring(), lib.dtprof_phases_written, 4, self.RING)
         self.counts = Ring(lib.dtprof_counts_ring(), lib.dtprof_counts_written, 3, self.RING)
         self._lock = threading.Lock()  # the writer's tick and the profile's end both take

@@ -88,6 +88,7 @@ class StepWork:
         self.prof = prof
         self.scalars = prof.scalars
         self.counts = native_counts if native_counts is not None else [0] * PHASE_FIELDS
+        self.counts[SAMPLES] = self.counts[TOKENS] = self.counts[SEEN] = 0
         self.counts[WORK_IN_PYTHON] = 1
         self.counter: Any = None  # the FlopCounterMode while it counts
         self.counted = False  # the FLOPs are noted (or were given up)
