@@ -26,7 +26,6 @@ import copy
 import ctypes
 import threading
 import time
-from collections import deque
 from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
@@ -174,7 +173,7 @@ class PhaseHooks:
         end."""
         native = self.native
         if native is not None:
-            counted = native.take(self.spans)
+            counted = native.take(self.prof)
             try:
                 self.work.steps_counted(counted)
             except Exception as exc:
@@ -421,9 +420,10 @@ PHASES = ("data", "forward", "backward", "optimizer")  # the kernel's phase code
 
 class NativePhases:
     """The phases the native kernel times (dtprof/record/native/phases.cpp): its forward
-    wrapper (``ForwardTimer``), optimizer hooks, backward hook (``watch``) and end of a step
-    (``step_ends``), the numbers it shares with Python (``state``) and the rings of spans and
-    of steps' counts it writes in its memory (``take``)."""
+    wrapper (``ForwardTimer``), optimizer hooks, backward hook (``watch``), end of a step
+    (``step_ends``, and ``profiler_step``: Profiler.step's native form), the numbers it shares
+    with Python (``state``) and the rings of spans, of steps, of their counts and of RSS
+    readings it writes in its memory (``take``)."""
 
     RING = 16384  # kRing in phases.cpp: rows between two takes before any is lost
 
@@ -435,15 +435,21 @@ class NativePhases:
             "dtprof_optimizer_pre_hook",
             "dtprof_optimizer_post_hook",
             "dtprof_step_ender",
+            "dtprof_profiler_stepper",
         ):
             getattr(lib, name).restype = ctypes.py_object
         lib.dtprof_optimizer_pre_hook.argtypes = [ctypes.py_object]
+        lib.dtprof_profiler_stepper.argtypes = [ctypes.py_object]
         for name in (
             "dtprof_phases_state",
             "dtprof_phases_ring",
             "dtprof_phases_written",
             "dtprof_counts_ring",
             "dtprof_counts_written",
+            "dtprof_steps_ring",
+            "dtprof_steps_written",
+            "dtprof_rss_ring",
+            "dtprof_rss_written",
         ):
             getattr(lib, name).restype = ctypes.c_int64
         # watch(tensor._cdata, step) -> bool: time the pass that reaches the tensor's node as
@@ -460,7 +466,22 @@ class NativePhases:
         self.state[DATA_FROM] = -1
         self.spans = Ring(lib.dtprof_phases_ring(), lib.dtprof_phases_written, 4, self.RING)
         self.counts = Ring(lib.dtprof_counts_ring(), lib.dtprof_counts_written, 3, self.RING)
+        self.steps = Ring(lib.dtprof_steps_ring(), lib.dtprof_steps_written, 3, self.RING)
+        self.rss = Ring(lib.dtprof_rss_ring(), lib.dtprof_rss_written, 3, self.RING)
         self._lock = threading.Lock()  # the writer's tick and the profile's end both take
+
+    def profiler_step(self, prof: Profiler, extras: Any) -> Any:
+        """Profiler.step done natively for ``prof``, which sets it as its own ``step``: its
+        ``active``, ``step_index`` and ``step_start_ns`` read and written in its __dict__, its
+        rows into the steps' ring and the RSS, read at a step that ends at or after
+        ``state[RSS_DUE]``, into the RSS ring (``take``); ``extras(step, t)`` (memory and
+        fingerprints in Python, returning where the next step starts) called at a step that
+        ends at or after ``state[EXTRAS_DUE]``, and instead of the RSS's reading on a job that
+        uses CUDA. A failure goes to ``prof.native_step_failed(exc)``, and Profiler.step ends
+        the step where it can."""
+        python_step = type(prof).step.__get__(prof)
+        context = (vars(prof), extras, prof.native_step_failed, python_step, vars(torch.cuda))
+        return self._lib.dtprof_profiler_stepper(context)
 
     def optimizer_hooks(self, closure_given: Any) -> tuple[Any, Any]:
         """The optimizer's step pre- and post-hook; the pre-hook hands a step given arguments
@@ -469,16 +490,25 @@ class NativePhases:
             self._lib.dtprof_optimizer_post_hook()
         )
 
-    def take(self, spans: deque[tuple[Any, ...]]) -> list[tuple[int, int, int]]:
-        """The spans written since the last take, into ``spans``; the steps' counts written
-        since, as (step, samples, tokens)."""
+    def take(self, prof: Profiler) -> list[tuple[int, int, int]]:
+        """The spans, the steps and the RSS readings written since the last take, into
+        ``prof``'s tables; the steps' counts written since, as (step, samples, tokens)."""
         with self._lock:
+            columns = self.steps.take()
+            if columns:
+                prof.steps.extend(zip(*columns, strict=True))
+            columns = self.rss.take()
+            if columns:
+                numbers, times, sizes = columns
+                readings = (numbers, times, repeat("rss_bytes"), map(float, sizes))
+                prof.samples.extend(zip(*readings, strict=False))
+            spans = prof.spans
             columns = self.spans.take()
             if columns:
-                steps, codes, starts, ends = columns
+                numbers, codes, starts, ends = columns
                 names = map(PHASES.__getitem__, codes)
                 kind, depth, none = repeat("phase"), repeat(0), repeat(None)  # endless
-                rows = (steps, names, kind, starts, ends, depth, none, none)
+                rows = (numbers, names, kind, starts, ends, depth, none, none)
                 spans.extend(zip(*rows, strict=False))
             columns = self.counts.take()
             return list(zip(*columns, strict=True)) if columns else []
@@ -486,7 +516,7 @@ class NativePhases:
     @property
     def lost(self) -> int:
         """Rows written over before they were read."""
-        return self.spans.lost + self.counts.lost
+        return self.spans.lost + self.counts.lost + self.steps.lost + self.rss.lost
 
 
 class Ring:

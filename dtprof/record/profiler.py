@@ -39,6 +39,7 @@ from dtprof.trace.schema import INFLIGHT_FILE, META_FILE, SCHEMA_VERSION, rank_d
 
 now_ns = time.perf_counter_ns
 WORK_NAMES = ("samples", "tokens")  # scalars counted from the inputs, unless logged
+NEVER_NS = 2**63 - 1  # a time no step reaches
 
 
 def profile(
@@ -404,6 +405,10 @@ class Profiler:
                 self.phases = phases.PhaseHooks(self)
                 self._phases_step_ends = self.phases.step_ends
                 self._removers["phases"] = [self._stop_phases]
+                if self.phases.native is not None:  # step() natively too, while they record
+                    self.phases.native.state[native.RSS_EVERY] = memory.EVERY_NS
+                    self._native_extras_due()
+                    self.step = self.phases.native.profiler_step(self, self._native_extras)  # type: ignore[method-assign]
             if model is not None:
                 self.phases.add_model(model)
             if optimizer is not None:
@@ -417,6 +422,7 @@ class Profiler:
             self._removers["pipeline"] = [pipeline.install(self, schedule)]
 
     def _stop_phases(self) -> None:
+        vars(self).pop("step", None)  # the native step's: Profiler.step again
         self._phases_step_ends = None
         self.phases.uninstall()
 
@@ -437,7 +443,9 @@ class Profiler:
     # ----------------------------------------------------------------- public API
 
     def step(self) -> None:
-        """End the current training step."""
+        """End the current training step. (Where the native kernel times the phases, the
+        profiler's own ``step`` is this method's native form, phases.cpp's profiler_step: a
+        change here is made there too.)"""
         t = now_ns()
         if not self.active:
             return
@@ -466,6 +474,34 @@ class Profiler:
         except Exception as exc:
             self.hook_failed("step", exc)
         return now_ns()
+
+    def _native_extras_due(self) -> None:
+        """When the native step next calls the extras, and when it next reads the RSS itself
+        (Profiler.step's condition): Python's extras at every step where fingerprints are
+        taken (memory with them), the RSS natively otherwise; neither once they failed."""
+        kernel = self.phases.native
+        if kernel is None:
+            return
+        due = self.memory.due_ns
+        if "step" in self._switched_off:
+            extras, rss = NEVER_NS, NEVER_NS
+        elif self.fingerprint_every:
+            extras, rss = 0, NEVER_NS
+        else:
+            extras, rss = NEVER_NS, due
+        kernel.state[native.EXTRAS_DUE] = extras
+        kernel.state[native.RSS_DUE] = rss
+
+    def _native_extras(self, step: int, t: int) -> int:
+        """The native step's call when the extras are due (or the RSS, on a job that uses
+        CUDA): them, and when they are next due; returns where the next step starts."""
+        end = t if "step" in self._switched_off else self._step_extras(step, t)
+        self._native_extras_due()
+        return end
+
+    def native_step_failed(self, exc: BaseException) -> None:
+        """The native step raised: the phases, and it with them, are switched off."""
+        self.hook_failed("phases", exc)
 
     def region(self, name: str) -> _Region | _NullRegion:
         """A named user region inside a step (nestable): ``with prof.region("data"):``."""

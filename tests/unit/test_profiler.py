@@ -18,6 +18,7 @@ from torch import nn
 
 import dtprof
 from dtprof.jobs.launch import free_port
+from dtprof.record.memory import rss_bytes
 from dtprof.record.phases import NativePhases, Ring
 from dtprof.record.profiler import NullProfiler
 from dtprof.record.writer import DtprofWarning
@@ -446,6 +447,90 @@ def test_a_raising_hook_is_switched_off_with_one_warning(
     assert trace.spans[trace.spans["kind"] == "phase"]["step"].max() == 0
 
 
+def test_the_step_ends_natively_and_a_failure_there_leaves_it_to_python(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the kernel times the phases, the profiler's ``step`` is its builtin (the step's
+    row, memory and fingerprints when due, the counts, the next step). The extras raising
+    inside it (step 2's; fingerprints every 2 steps) switch the phases off with one warning, and
+    Profiler.step ends that step: every step recorded once, memory and fingerprints still read."""
+    native_kernel_or_skip()
+    from dtprof.record.profiler import Profiler
+
+    extras = Profiler._step_extras
+    raised: list[int] = []
+
+    def once(self: Profiler, step: int, t: int) -> int:
+        if step == 2 and not raised:
+            raised.append(step)
+            raise ValueError("injected")
+        return extras(self, step, t)
+
+    monkeypatch.setattr(Profiler, "_step_extras", once)
+    model = nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with dtprof.profile(tmp_path, model=model, optimizer=opt, fingerprint_every=2) as prof:
+            assert "step" in vars(prof)  # the native step
+            _train(prof, model, opt, steps=2)
+            assert prof.step_index == 2 and prof.phases.native.state[0] == 2
+            _train(prof, model, opt, steps=3)
+            assert "step" not in vars(prof) and prof.step_index == 5
+    ours = [str(w.message) for w in caught if w.category is DtprofWarning]
+    assert ours == [
+        "dtprof: the phases hook raised ValueError: injected; it is switched off "
+        "and training goes on"
+    ]
+    trace = dtprof.load_trace(tmp_path)
+    assert list(trace.steps["step"]) == [0, 1, 2, 3, 4]
+    assert sorted(trace.fingerprints["step"].unique()) == [0, 2, 4]
+    assert 0 in set(trace.samples["step"])  # memory read at the first step's end
+    timed = {"data", "forward", "backward", "optimizer"}
+    phases = trace.spans[trace.spans["name"].isin(timed) & (trace.spans["kind"] == "phase")]
+    assert set(phases[phases["step"] < 2]["name"]) == timed
+    assert phases["step"].max() == 2  # the phases of the step that failed, none after
+
+
+def test_memory_is_read_at_step_ends_at_most_every_50_ms_under_either_kernel(
+    tmp_path: Path, kernel: str
+) -> None:
+    """The step's end decides when memory is due (Python's step or the kernel's): the first
+    step's end, then one at least 50 ms after the last reading; each step's row once."""
+    model = nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with dtprof.profile(tmp_path, model=model, optimizer=opt, clock_sync=False) as prof:
+        _train(prof, model, opt, steps=3)  # quick steps: memory read at the first only
+        time.sleep(0.06)
+        _train(prof, model, opt, steps=2)  # the first of these: 50 ms on
+    trace = dtprof.load_trace(tmp_path)
+    assert trace.meta[0].phase_timing.startswith(kernel)
+    assert list(trace.steps["step"]) == [0, 1, 2, 3, 4]
+    rss = trace.samples[trace.samples["metric"] == "rss_bytes"].sort_values("ts_ns")
+    assert {0, 3} <= set(rss["step"]) and rss["step"].is_unique
+    assert (rss["ts_ns"].diff().dropna() >= 50_000_000).all()
+    assert (abs(rss["value"] / rss_bytes() - 1) < 0.5).all()  # this process's, in bytes
+
+
+def test_a_job_that_uses_cuda_has_its_memory_read_with_the_allocators_figures(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kernel: str
+) -> None:
+    """Once torch.cuda is initialized (faked here), the step's end reads the caching
+    allocator's figures beside the RSS, whichever kernel ends the step."""
+    stats = {"allocated_bytes": {"all": {"current": 5, "peak": 7}}, "num_ooms": 0}
+    monkeypatch.setattr(torch.cuda, "_initialized", True)
+    monkeypatch.setattr(torch.cuda, "memory_stats_as_nested_dict", lambda: stats)
+    model = nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with dtprof.profile(tmp_path, model=model, optimizer=opt, clock_sync=False) as prof:
+        _train(prof, model, opt, steps=2)
+    trace = dtprof.load_trace(tmp_path)
+    assert trace.meta[0].phase_timing.startswith(kernel) and not trace.meta[0].disabled_hooks
+    first = trace.samples[trace.samples["step"] == 0].set_index("metric")["value"]
+    assert first["cuda_allocated_bytes"] == 5 and first["cuda_max_allocated_bytes"] == 7
+    assert first["rss_bytes"] > 0
+
+
 def test_a_full_disk_stops_recording_with_one_warning_and_training_goes_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -455,6 +540,7 @@ def test_a_full_disk_stops_recording_with_one_warning_and_training_goes_on(
         warnings.simplefilter("always")
         with dtprof.profile(tmp_path, model=model, optimizer=opt, flush_interval_s=0.05) as prof:
             _train(prof, model, opt, steps=2)
+            prof._tick()  # as the writer thread does: the native kernel's rows taken
             prof.writer.flush()  # two steps safely on disk
 
             def disk_full(self: object, batch: object) -> None:

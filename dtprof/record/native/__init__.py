@@ -36,8 +36,19 @@ NAME = "dtprof_native"
 SLOTS = 64  # watched groups at most (kSlots in buckets.cpp)
 FIELDS = 13  # a record's columns (kFields, Record in buckets.cpp)
 # the numbers phases.cpp shares with Python (Field there): dtprof.record.phases reads them
-STEP, DATA_FROM, OPTIMIZER_FROM, SAMPLES, TOKENS, SEEN, WORK_IN_PYTHON = range(7)
-PHASE_FIELDS = 7
+(
+    STEP,
+    DATA_FROM,
+    OPTIMIZER_FROM,
+    SAMPLES,
+    TOKENS,
+    SEEN,
+    WORK_IN_PYTHON,
+    EXTRAS_DUE,
+    RSS_DUE,
+    RSS_EVERY,
+) = range(10)
+PHASE_FIELDS = 10
 
 _loaded: Native | None = None
 _lock = threading.Lock()

@@ -632,4 +632,8 @@ extern "C" {
 // the builtin take_buckets, for Python (a new reference)
 PyObject* dtprof_bucket_taker() { return PyCFunction_New(&take_def, nullptr); }
 
+// the step in progress, which records are stamped with: phases.cpp's profiler_step writes it
+// here as Python's Profiler.step writes it through shared_address()
+void dtprof_buckets_step_is(int64_t step) { shared.step = step; }
+
 }  // extern "C"

@@ -22,9 +22,15 @@
 // - The optimizer's step pre- and post-hook, plain builtins that torch calls; a step given
 //   arguments (a closure) goes to PhaseHooks.closure_given.
 //
-// - step_ends(step, data_from), which the profiler calls at each step's end: the step's samples
-//   and tokens (counted here or by StepWork, which adds to the same numbers) into their ring,
-//   the next step's number and its data phase's start.
+// - step_ends(step, data_from), which Python's Profiler.step calls at each step's end: the
+//   step's samples and tokens (counted here or by StepWork, which adds to the same numbers) into
+//   their ring, the next step's number and its data phase's start.
+// - profiler_step(), Profiler.step's native form, which the profiler sets as its own ``step``
+//   while the phases are timed here: the step's row into a third ring, the RSS read into a
+//   fourth when due (on a job without CUDA; otherwise, and for fingerprints, the profiler's
+//   extras are called), then step_ends' work. It reads and writes the
+//   profiler's attributes in its __dict__ (``active``, ``step_index``, ``step_start_ns``), so
+//   that Python reads them as ever.
 //
 // Every span is written into one ring (step, phase, start, end), and each step's counts into
 // another (step, samples, tokens), that Python reads through plain memory, on dtprof's writer
@@ -46,11 +52,18 @@
 
 #include "clock.h"
 
+#include <fcntl.h>
+#include <pthread.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <optional>
+
+extern "C" void dtprof_buckets_step_is(int64_t step);  // buckets.cpp
 
 namespace {
 
@@ -89,9 +102,12 @@ enum Field {
   kTokens,
   kSeen,  // 1: a training pass was counted here this step
   kWorkInPython,  // 1: every pass's work is StepWork's to count (FLOPs are being counted)
+  kExtrasDue,  // profiler_step calls the profiler's extras at a step ending from then on
+  kRssDue,  // profiler_step reads the RSS itself at a step ending from then on
+  kRssEvery,  // and then again this many ns later (memory.EVERY_NS)
   kFields
 };
-int64_t state[kFields] = {0, -1, 0, 0, 0, 0, 1};
+int64_t state[kFields] = {0, -1, 0, 0, 0, 0, 1, 0, 0, 0};
 
 struct CountRing {
   std::atomic<int64_t> written;  // steps written so far; step i is at rows[i % kRing]
@@ -99,6 +115,25 @@ struct CountRing {
 };
 
 CountRing counts{};  // written by the training thread alone, holding the GIL
+CountRing steps{};  // (step, start_ns, end_ns), by profiler_step: the same shape
+CountRing rss{};  // (step, ts_ns, resident bytes), by profiler_step: the same shape
+
+// the Python error set, handed to ``failed(exc)`` (Python, which switches the phases off) and
+// cleared: a failure in recording never reaches the training step
+void said_to(PyObject* failed) {
+  PyObject *type = nullptr, *value = nullptr, *traceback = nullptr;
+  PyErr_Fetch(&type, &value, &traceback);
+  PyErr_NormalizeException(&type, &value, &traceback);
+  if (value != nullptr && traceback != nullptr) {
+    PyException_SetTraceback(value, traceback);
+  }
+  PyObject* said = PyObject_CallOneArg(failed, value != nullptr ? value : Py_None);
+  Py_XDECREF(said);
+  PyErr_Clear();
+  Py_XDECREF(type);
+  Py_XDECREF(value);
+  Py_XDECREF(traceback);
+}
 
 // ------------------------------------------------------------------ backward
 
@@ -265,20 +300,7 @@ struct ForwardTimer {
 };
 
 // a failure in recording: said to Python, which switches the phases off; the call goes on
-void recording_failed(ForwardTimer* self) {
-  PyObject *type = nullptr, *value = nullptr, *traceback = nullptr;
-  PyErr_Fetch(&type, &value, &traceback);
-  PyErr_NormalizeException(&type, &value, &traceback);
-  if (value != nullptr && traceback != nullptr) {
-    PyException_SetTraceback(value, traceback);
-  }
-  PyObject* said = PyObject_CallOneArg(self->failed, value != nullptr ? value : Py_None);
-  Py_XDECREF(said);
-  PyErr_Clear();
-  Py_XDECREF(type);
-  Py_XDECREF(value);
-  Py_XDECREF(traceback);
-}
+void recording_failed(ForwardTimer* self) { said_to(self->failed); }
 
 // the beginning: data phase closed, work counted; returns whether StepWork counted it
 // (nullopt: failed, the Python error set)
@@ -513,8 +535,27 @@ PyObject* optimizer_post(PyObject* /*self*/, PyObject* const* /*args*/, Py_ssize
   Py_RETURN_NONE;
 }
 
-// step_ends(step, data_from): the step's counts into their ring (where a pass was counted), the
-// next step's number and its data phase's start (-1: none) into the shared numbers
+void write_row(CountRing& ring, int64_t a, int64_t b, int64_t c) {
+  const int64_t i = ring.written.load(std::memory_order_relaxed);
+  int64_t* row = ring.rows[i % kRing];
+  row[0] = a;
+  row[1] = b;
+  row[2] = c;
+  ring.written.store(i + 1, std::memory_order_release);
+}
+
+// the step's counts into their ring (where a pass was counted), the next step's number and its
+// data phase's start (-1: none) into the shared numbers
+void counts_move_on(int64_t step, int64_t data_from) {
+  if (state[kSeen] != 0) {
+    write_row(counts, step, state[kSamples], state[kTokens]);
+    state[kSamples] = state[kTokens] = state[kSeen] = 0;
+  }
+  state[kStep] = step + 1;
+  state[kDataFrom] = data_from;
+}
+
+// step_ends(step, data_from): counts_move_on, for Python's Profiler.step
 PyObject* step_ends(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != 2) {
     PyErr_SetString(PyExc_TypeError, "step_ends(step, data_from)");
@@ -525,17 +566,143 @@ PyObject* step_ends(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs)
   if (PyErr_Occurred()) {
     return nullptr;
   }
-  if (state[kSeen] != 0) {
-    const int64_t i = counts.written.load(std::memory_order_relaxed);
-    int64_t* row = counts.rows[i % kRing];
-    row[0] = step;
-    row[1] = state[kSamples];
-    row[2] = state[kTokens];
-    counts.written.store(i + 1, std::memory_order_release);
-    state[kSamples] = state[kTokens] = state[kSeen] = 0;
+  counts_move_on(step, data_from);
+  Py_RETURN_NONE;
+}
+
+// ------------------------------------------------------------------ the profiler's step
+
+// the profiler's attributes profiler_step reads and writes, as keys of its __dict__
+struct Keys {
+  PyObject *active, *step_index, *step_start_ns;
+};
+
+const Keys& keys() {
+  static const Keys k{PyUnicode_InternFromString("active"),
+                      PyUnicode_InternFromString("step_index"),
+                      PyUnicode_InternFromString("step_start_ns")};
+  return k;
+}
+
+// attrs[key] = value (false: failed, the Python error set)
+bool store(PyObject* attrs, PyObject* key, int64_t value) {
+  PyObject* number = PyLong_FromLongLong(value);
+  const bool stored = number != nullptr && PyDict_SetItem(attrs, key, number) == 0;
+  Py_XDECREF(number);
+  return stored;
+}
+
+// /proc/self/statm, kept open as dtprof.record.memory keeps it: one pread a reading
+int statm_fd = -1;
+bool statm_unreadable = false;  // no such file here: the profiler's Python reads memory
+
+void statm_forgotten() {  // in a forked child, whose /proc/self is another file
+  if (statm_fd >= 0) {
+    close(statm_fd);
   }
-  state[kStep] = step + 1;
-  state[kDataFrom] = data_from;
+  statm_fd = -1;
+}
+
+// the resident set size in bytes; -1 where it cannot be read here
+int64_t resident_bytes() {
+  if (statm_fd < 0 && !statm_unreadable) {
+    static const bool forked_forgets = pthread_atfork(nullptr, nullptr, statm_forgotten) == 0;
+    statm_fd = forked_forgets ? ::open("/proc/self/statm", O_RDONLY | O_CLOEXEC) : -1;
+    statm_unreadable = statm_fd < 0;
+  }
+  if (statm_fd < 0) {
+    return -1;
+  }
+  char text[128];
+  const ssize_t n = pread(statm_fd, text, sizeof(text) - 1, 0);
+  if (n <= 0) {
+    return -1;
+  }
+  text[n] = '\0';
+  char* end = nullptr;
+  std::strtoll(text, &end, 10);  // "size resident shared ...", in pages: the second
+  const int64_t pages = std::strtoll(end, &end, 10);
+  static const int64_t page_bytes = sysconf(_SC_PAGESIZE);
+  return pages * page_bytes;
+}
+
+// the RSS read here at a step's end, as StepMemory.step_ends reads it on a job without CUDA;
+// false where the profiler's Python must (the job uses CUDA, whose figures it reads too, or
+// /proc cannot be read)
+bool rss_read(PyObject* cuda_module_dict, int64_t step, int64_t t) {
+  static PyObject* initialized = PyUnicode_InternFromString("_initialized");
+  if (PyDict_GetItem(cuda_module_dict, initialized) == Py_True) {  // torch.cuda.is_initialized()
+    return false;
+  }
+  const int64_t bytes = resident_bytes();
+  if (bytes < 0) {
+    return false;
+  }
+  write_row(rss, step, t, bytes);
+  state[kRssDue] = t + state[kRssEvery];
+  return true;
+}
+
+// how end_step went: done, or failed (the Python error set) before or after it changed anything
+enum class Ended { kDone, kFailedUntouched, kFailedPartly };
+
+// Profiler.step; its context: (the profiler's __dict__, its extras(step, t) -> where the next
+// step starts, native_step_failed(exc), Profiler.step bound to it, torch.cuda's __dict__).
+// What can fail comes before the step changes anything, so that Profiler.step can end it whole
+// instead.
+Ended end_step(PyObject* context) {
+  const int64_t t = now_ns();
+  PyObject* attrs = PyTuple_GET_ITEM(context, 0);
+  PyObject* active = PyDict_GetItemWithError(attrs, keys().active);  // borrowed
+  if (active != Py_True) {  // not recording: nothing to do
+    return active != nullptr || !PyErr_Occurred() ? Ended::kDone : Ended::kFailedUntouched;
+  }
+  PyObject* begun = PyDict_GetItemWithError(attrs, keys().step_start_ns);
+  const int64_t start = begun != nullptr ? PyLong_AsLongLong(begun) : -1;
+  if (start == -1 && (begun == nullptr || PyErr_Occurred())) {
+    if (!PyErr_Occurred()) {
+      PyErr_SetString(PyExc_AttributeError, "step_start_ns");
+    }
+    return Ended::kFailedUntouched;
+  }
+  const int64_t step = state[kStep];
+  int64_t next_start = t;  // the next step starts after dtprof's own work (see Profiler.step)
+  const bool rss_due = t >= state[kRssDue];
+  if (rss_due && t < state[kExtrasDue] && rss_read(PyTuple_GET_ITEM(context, 4), step, t)) {
+    next_start = now_ns();
+  } else if (rss_due || t >= state[kExtrasDue]) {
+    PyObject* ended = PyObject_CallFunction(PyTuple_GET_ITEM(context, 1), "LL",
+                                            static_cast<long long>(step),
+                                            static_cast<long long>(t));
+    if (ended == nullptr) {
+      return Ended::kFailedUntouched;
+    }
+    next_start = PyLong_AsLongLong(ended);
+    Py_DECREF(ended);
+    if (next_start == -1 && PyErr_Occurred()) {
+      return Ended::kFailedUntouched;
+    }
+  }
+  write_row(steps, step, start, t);
+  counts_move_on(step, next_start);
+  dtprof_buckets_step_is(step + 1);
+  const bool stored = store(attrs, keys().step_index, step + 1) &&
+                      store(attrs, keys().step_start_ns, next_start);
+  return stored ? Ended::kDone : Ended::kFailedPartly;
+}
+
+// profiler_step(): a failure goes to the profiler's native_step_failed(exc), which switches the
+// phases off, and this with them; where it came before the step changed anything, Profiler.step
+// ends the step. It raises into the training step only what Profiler.step itself would.
+PyObject* profiler_step(PyObject* context, PyObject* /*unused*/) {
+  const Ended ended = end_step(context);
+  if (ended == Ended::kDone) {
+    Py_RETURN_NONE;
+  }
+  said_to(PyTuple_GET_ITEM(context, 2));
+  if (ended == Ended::kFailedUntouched) {
+    return PyObject_CallNoArgs(PyTuple_GET_ITEM(context, 3));
+  }
   Py_RETURN_NONE;
 }
 
@@ -544,6 +711,9 @@ PyMethodDef step_ends_def = {
     reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(step_ends)),
     METH_FASTCALL,
     "A step ends: its counts into their ring; the next step's number and data phase begin."};
+
+PyMethodDef profiler_step_def = {"step", profiler_step, METH_NOARGS,
+                                  "End the current training step (Profiler.step, natively)."};
 
 PyMethodDef optimizer_pre_def = {
     "optimizer_pre",
@@ -577,13 +747,24 @@ PyObject* dtprof_optimizer_post_hook() { return PyCFunction_New(&optimizer_post_
 // the builtin step_ends (a new reference)
 PyObject* dtprof_step_ender() { return PyCFunction_New(&step_ends_def, nullptr); }
 
+// the builtin profiler_step for one profiler (a new reference); context: (its __dict__,
+// extras(step, t) -> int, native_step_failed(exc), Profiler.step bound to it, torch.cuda's
+// __dict__)
+PyObject* dtprof_profiler_stepper(PyObject* context) {
+  return PyCFunction_New(&profiler_step_def, context);
+}
+
 // the rings' addresses, for Python's view of them
 int64_t dtprof_phases_ring() { return reinterpret_cast<int64_t>(&ring); }
 int64_t dtprof_counts_ring() { return reinterpret_cast<int64_t>(&counts); }
+int64_t dtprof_steps_ring() { return reinterpret_cast<int64_t>(&steps); }
+int64_t dtprof_rss_ring() { return reinterpret_cast<int64_t>(&rss); }
 
 // the rows written so far: every row below this count is complete
 int64_t dtprof_phases_written() { return ring.written.load(std::memory_order_acquire); }
 int64_t dtprof_counts_written() { return counts.written.load(std::memory_order_acquire); }
+int64_t dtprof_steps_written() { return steps.written.load(std::memory_order_acquire); }
+int64_t dtprof_rss_written() { return rss.written.load(std::memory_order_acquire); }
 
 // the shared numbers' address (kFields of them)
 int64_t dtprof_phases_state() { return reinterpret_cast<int64_t>(&state[0]); }

@@ -41,6 +41,7 @@ def main() -> None:
     with dtprof.profile(trace, model=model, optimizer=opt, flush_interval_s=0.05) as prof:
         for step in range(steps):
             if step == fail_at:
+                prof._tick()  # as the writer thread does: the native kernel's rows taken
                 prof.writer.flush()  # what came before is on disk
                 if mode == "disk":
 
