@@ -51,7 +51,9 @@ class StepMemory:
     """Memory read at the end of a step, once at least EVERY_NS has passed since the last
     reading: every step of a job whose steps take 50 ms or more, every few steps of a faster
     one. Reading the RSS is a syscall, and right after a step's compute it runs cold: 15-30 µs
-    on this project's 2-core virtual machine, a quarter of the rest of a 7 ms step's recording."""
+    on this project's 2-core virtual machine, a quarter of the rest of a 7 ms step's recording.
+    Where the native kernel ends the step (phases.cpp's profiler_step), it reads the RSS itself
+    on a job without CUDA, on the same schedule, and calls this otherwise."""
 
     def __init__(self, samples: deque[tuple[int, int, str, float]]) -> None:
         self.samples = samples

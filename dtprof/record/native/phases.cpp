@@ -28,9 +28,9 @@
 // - profiler_step(), Profiler.step's native form, which the profiler sets as its own ``step``
 //   while the phases are timed here: the step's row into a third ring, the RSS read into a
 //   fourth when due (on a job without CUDA; otherwise, and for fingerprints, the profiler's
-//   extras are called), then step_ends' work. It reads and writes the
-//   profiler's attributes in its __dict__ (``active``, ``step_index``, ``step_start_ns``), so
-//   that Python reads them as ever.
+//   extras are called), then step_ends' work. It reads and writes the profiler's attributes in
+//   its __dict__ (``active``, ``step_index``, ``step_start_ns``), so that Python reads them as
+//   ever.
 //
 // Every span is written into one ring (step, phase, start, end), and each step's counts into
 // another (step, samples, tokens), that Python reads through plain memory, on dtprof's writer
