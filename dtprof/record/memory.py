@@ -45,6 +45,7 @@ def rss_bytes() -> float:
 
 
 EVERY_NS = 50_000_000  # memory is read at a step's end, at most every 50 ms
+RSS_METRIC = "rss_bytes"  # the RSS's rows in the samples table (also the native step's)
 
 
 class StepMemory:
@@ -65,7 +66,7 @@ class StepMemory:
             return
         self.due_ns = ts_ns + EVERY_NS
         out = self.samples
-        out.append((step, ts_ns, "rss_bytes", rss_bytes()))
+        out.append((step, ts_ns, RSS_METRIC, rss_bytes()))
         if torch.cuda.is_initialized():  # a flag read: CUDA figures once the job uses CUDA
             # one reading of the caching allocator's counters, as nested dicts (memory_stats(),
             # which memory_allocated() and the others each call, flattens them all first). The

@@ -33,6 +33,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from dtprof.record import ddp_hook
+from dtprof.record.memory import RSS_METRIC
 from dtprof.record.native import (
     DATA_FROM,
     OPTIMIZER_FROM,
@@ -500,7 +501,7 @@ class NativePhases:
             columns = self.rss.take()
             if columns:
                 numbers, times, sizes = columns
-                readings = (numbers, times, repeat("rss_bytes"), map(float, sizes))
+                readings = (numbers, times, repeat(RSS_METRIC), map(float, sizes))
                 prof.samples.extend(zip(*readings, strict=False))
             spans = prof.spans
             columns = self.spans.take()
