@@ -20,8 +20,9 @@ median), where the whole step's time varies by ±50 µs from one block of steps 
 The timer's own wrapper adds well under a microsecond to each call.
 
 Not in these figures: the native kernel's C++ (where it loads: the forward's wrapper, the
-optimizer's hooks, the backward's hook, DDP's buckets; its form of ``prof.step()`` is timed, as
-``Profiler.step``, where the profiler uses it), the writer thread
+optimizer's hooks, the backward's hook, DDP's buckets; its forms of ``prof.step()`` and
+``prof.log()`` are timed, as ``Profiler.step`` and ``Profiler.log``, where the profiler uses
+them), the writer thread
 (benchmarks/writer_cost.py measures it), and the cost of the way the forward's phase hooks are
 called. Those lines stay empty where the kernel times the phases. dtprof times the forward with a
 wrapper set as the model's ``forward`` (the kernel's ForwardTimer, else
@@ -148,16 +149,18 @@ else:
     recording = dtprof.profile(tempfile.mkdtemp(), model=model, optimizer=opt, clock_sync=False)
 with recording as prof:
     recorder = prof if prof is not None else session.prof
-    native_step = vars(recorder).get("step")
-    if native_step is not None:  # the kernel's form of Profiler.step: timed as it
-        spent = times["Profiler.step"] = []
-        def step_timed(__inner=native_step, __spent=spent):
+    for name in ("step", "log"):  # the kernel's forms of Profiler.step and .log: timed as them
+        native_form = vars(recorder).get(name)
+        if native_form is None:
+            continue
+        spent = times[f"Profiler.{name}"] = []
+        def timed(*args, __inner=native_form, __spent=spent, **kwargs):
             start = now()
             try:
-                return __inner()
+                return __inner(*args, **kwargs)
             finally:
                 __spent.append(now() - start)
-        recorder.step = step_timed
+        setattr(recorder, name, timed)
     train(20)
     for spent in times.values():
         spent.clear()

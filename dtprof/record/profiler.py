@@ -414,8 +414,9 @@ class Profiler:
             if optimizer is not None:
                 self.phases.add_optimizer(stepped_optimizer(optimizer))
         kernel = native.loaded()  # by the phase hooks or DDP's buckets: never for logging alone
-        if kernel is not None:
+        if kernel is not None and "log" not in vars(self):  # log() natively from now on
             self.read_scalar = kernel.read_scalar
+            self.log = kernel.profiler_log(self, type(self).log.__get__(self))  # type: ignore[method-assign]
         if schedule is not None:
             self.pipeline = schedule
             self.note_meta(pipeline=pipeline.describe(schedule, self.rank))
@@ -514,7 +515,10 @@ class Profiler:
 
         ``samples``, ``tokens`` and ``flops`` (the step's model FLOPs) make the report's
         throughput and MFU; logging ``samples`` or ``tokens`` replaces the count dtprof makes
-        of them from the model's inputs (dtprof.record.throughput)."""
+        of them from the model's inputs (dtprof.record.throughput). (Where the native kernel
+        is loaded, the profiler's own ``log`` is its form of this method, scalars.cpp's
+        profiler_log, which hands it every call it does not read whole: a change here is made
+        there too.)"""
         if not self.active or "log" in self._switched_off:
             return
         step = self.step_index

@@ -11,6 +11,7 @@ import time
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -361,6 +362,95 @@ def test_a_logged_tensor_holds_its_value_at_the_log(tmp_path: Path, kernel: str)
     scalars = dtprof.load_trace(tmp_path).scalars
     assert scalars[scalars["name"] == "loss"]["value"].tolist() == [0.5, 1.5, 2.5]
     assert scalars[scalars["name"] == "count"]["value"].tolist() == [0.0, 1.0, 2.0]
+
+
+def _log_everything(prof) -> None:
+    """Three steps of log calls of every kind: what log() reads itself natively (floats, ints,
+    plain CPU scalar tensors), what it hands to Profiler.log (a work name, a numpy float,
+    positional arguments), and a value that cannot be read (step 2), which switches log off."""
+    for step in range(3):
+        prof.log(loss=torch.tensor(step + 0.5), lr=0.1, count=step, half=torch.tensor(1.5).half())
+        prof.log(samples=8, gnorm=np.float64(2.5))
+        with pytest.raises(TypeError):
+            prof.log(1.0)  # what Profiler.log itself raises
+        if step == 2:
+            prof.log(loss=torch.arange(3.0))  # three values: log is off from here
+            prof.log(loss=9.0)
+        prof.step()
+    prof.log(loss=9.0)  # nothing once the profile has ended
+
+
+def test_log_records_the_same_natively_and_in_python(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the kernel is loaded the profiler's ``log`` is its builtin, which reads the common
+    values itself and hands the rest to Profiler.log: the same rows, the same work noted, the
+    same failure said, as Profiler.log alone."""
+    native_kernel_or_skip()
+    from dtprof.record.profiler import Profiler
+
+    handed: list[tuple[str, ...]] = []
+    python_log = Profiler.log
+
+    def counted(self: Profiler, *args: object, **values: object) -> None:
+        handed.append(tuple(values))
+        python_log(self, *args, **values)
+
+    monkeypatch.setattr(Profiler, "log", counted)
+    recorded = []
+    for native in (True, False):
+        model = torch.nn.Linear(2, 1)
+        folder = tmp_path / str(native)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with dtprof.profile(folder, model=model, clock_sync=False) as prof:
+                if not native:
+                    del prof.log  # type: ignore[attr-defined]
+                assert ("log" in vars(prof)) is native
+                _log_everything(prof)
+                work = dict(prof.logged_work)  # type: ignore[union-attr]
+        said = [str(w.message) for w in caught if w.category is DtprofWarning]
+        trace = dtprof.load_trace(folder)
+        rows = sorted(trace.scalars[["step", "name", "value"]].itertuples(index=False))
+        recorded.append((rows, work, said, trace.meta[0].disabled_hooks))
+    assert recorded[0] == recorded[1]
+    rows, work, said, disabled = recorded[0]
+    assert (0, "loss", 0.5) in rows and (2, "count", 2.0) in rows and (1, "gnorm", 2.5) in rows
+    assert not [r for r in rows if r[1] == "loss" and r[2] == 9.0]
+    assert work == {"samples": 0} and disabled == ("log",) and len(said) == 1
+    # natively, Python saw only what the kernel does not read itself (then every call, in
+    # Python's run: 3 steps of 3 calls, 2 more at step 2 and 1 after the end)
+    natively = [("samples", "gnorm"), (), ("samples", "gnorm"), (), ("samples", "gnorm"), ()]
+    assert handed[: len(natively) + 1] == [*natively, ("loss",)]
+    assert len(handed) == len(natively) + 1 + 3 * 3 + 2 + 1
+
+
+def test_a_failure_inside_the_native_log_switches_log_off() -> None:
+    """The append failing (out of memory) reaches the profiler's hook_failed("log", exc),
+    never the training step."""
+    native_kernel_or_skip()
+    from dtprof.record import native
+
+    failures: list[tuple[str, BaseException]] = []
+
+    class Full:
+        def append(self, row: object) -> None:
+            raise MemoryError("full")
+
+    class Recorder:  # what the native log reads of a profiler
+        def __init__(self) -> None:
+            self.active, self.step_index, self._switched_off = True, 4, set()
+            self.scalars = Full()
+
+        def hook_failed(self, name: str, exc: BaseException) -> None:
+            failures.append((name, exc))
+
+    def python_log(**values: object) -> None:
+        raise AssertionError("handed to Python")
+
+    log = native.load()[0].profiler_log(Recorder(), python_log)  # type: ignore[union-attr]
+    assert log(loss=1.0) is None
+    assert [(name, str(exc)) for name, exc in failures] == [("log", "full")]
 
 
 class _Arrival:

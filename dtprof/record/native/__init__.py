@@ -2,13 +2,14 @@
 
 ``buckets.cpp`` does what :mod:`dtprof.record.ddp_buckets` does with no Python on a bucket's
 path (see there); ``phases.cpp`` times the phases as :mod:`dtprof.record.phases` does, with no
-Python on the step's path in the common case (see there); ``scalars.cpp`` reads a logged CPU
-tensor's value without torch's dispatcher (``read_scalar``, for ``prof.log()``, where the
-kernel is loaded for a model). It is compiled against the torch in use, as torch extensions
-are, so it is built on the machine, once per torch build, into dtprof's cache (a C++ compiler
-and ninja needed, about 10-30 s): by the first ``profile()`` of a model that needs it, which
-says so once on stderr (the first process of a node; the others wait for its build), or ahead
-by ``dtprof build-native``. A build that fails is remembered, and not tried again at each run
+Python on the step's path in the common case (see there); ``scalars.cpp`` is ``prof.log()``'s
+native form (``profiler_log``, where the kernel is loaded for a model), which reads a logged
+CPU tensor's value without torch's dispatcher (``read_scalar``, which Profiler.log uses too).
+It is compiled against the torch in use, as torch extensions are, so it is built on the
+machine, once per torch build, into dtprof's cache (a C++ compiler and ninja needed, about
+10-30 s): by the first ``profile()`` of a model that needs it, which says so once on stderr
+(the first process of a node; the others wait for its build), or ahead by ``dtprof
+build-native``. A build that fails is remembered, and not tried again at each run
 until ``dtprof build-native`` tries it; ``profile()`` then records in Python, saying why in
 the trace's metadata. ``DTPROF_NATIVE=0`` keeps it unloaded.
 """
@@ -16,6 +17,7 @@ the trace's metadata. ``DTPROF_NATIVE=0`` keeps it unloaded.
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import os
 import platform
@@ -31,7 +33,7 @@ from dtprof.errors import DtprofError
 SOURCES = tuple(
     Path(__file__).with_name(name) for name in ("buckets.cpp", "phases.cpp", "scalars.cpp")
 )
-HEADERS = (Path(__file__).with_name("clock.h"),)
+HEADERS = tuple(Path(__file__).with_name(name) for name in ("clock.h", "failure.h"))
 NAME = "dtprof_native"
 SLOTS = 64  # watched groups at most (kSlots in buckets.cpp)
 FIELDS = 13  # a record's columns (kFields, Record in buckets.cpp)
@@ -206,9 +208,20 @@ class Native:
         self.lib.dtprof_scalar_reader.restype = ctypes.py_object
         # read_scalar(tensor): tensor.item(), read from memory where it is a plain CPU scalar
         self.read_scalar = self.lib.dtprof_scalar_reader()
+        self.lib.dtprof_profiler_logger.restype = ctypes.py_object
+        self.lib.dtprof_profiler_logger.argtypes = [ctypes.py_object]
         self.shared = int64s(int(ops.shared_address()), 1 + SLOTS)
         self._tls = threading.local()
         self._dtypes: dict[int, str] = {}
+
+    def profiler_log(self, prof: Any, python_log: Any) -> Any:
+        """Profiler.log done natively for ``prof``, which sets it as its own ``log``: floats,
+        ints and plain CPU scalar tensors read here (``read_scalar``'s way) into its scalars
+        table, its ``active``, ``step_index`` and ``_switched_off`` read as Profiler.log reads
+        them; any other call goes, untouched, to ``python_log`` (Profiler.log bound to it)."""
+        failed = functools.partial(prof.hook_failed, "log")
+        context = (vars(prof), prof._switched_off, prof.scalars.append, python_log, failed)
+        return self.lib.dtprof_profiler_logger(context)
 
     def depth_flag(self) -> ctypes.c_int64:
         """This thread's "inside the wrapped Python API" flag (fetched once per thread)."""

@@ -51,6 +51,7 @@
 #include <torch/csrc/autograd/python_variable.h>
 
 #include "clock.h"
+#include "failure.h"
 
 #include <fcntl.h>
 #include <pthread.h>
@@ -68,6 +69,7 @@ extern "C" void dtprof_buckets_step_is(int64_t step);  // buckets.cpp
 namespace {
 
 using dtprof::now_ns;
+using dtprof::said_to;
 
 constexpr int64_t kRing = 16384;  // spans Python may fall behind by before losing some
 
@@ -117,23 +119,6 @@ struct CountRing {
 CountRing counts{};  // written by the training thread alone, holding the GIL
 CountRing steps{};  // (step, start_ns, end_ns), by profiler_step: the same shape
 CountRing rss{};  // (step, ts_ns, resident bytes), by profiler_step: the same shape
-
-// the Python error set, handed to ``failed(exc)`` (Python, which switches the phases off) and
-// cleared: a failure in recording never reaches the training step
-void said_to(PyObject* failed) {
-  PyObject *type = nullptr, *value = nullptr, *traceback = nullptr;
-  PyErr_Fetch(&type, &value, &traceback);
-  PyErr_NormalizeException(&type, &value, &traceback);
-  if (value != nullptr && traceback != nullptr) {
-    PyException_SetTraceback(value, traceback);
-  }
-  PyObject* said = PyObject_CallOneArg(failed, value != nullptr ? value : Py_None);
-  Py_XDECREF(said);
-  PyErr_Clear();
-  Py_XDECREF(type);
-  Py_XDECREF(value);
-  Py_XDECREF(traceback);
-}
 
 // ------------------------------------------------------------------ backward
 
