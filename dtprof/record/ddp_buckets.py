@@ -207,9 +207,10 @@ class NativeBuckets:
             self.in_flight = len(pending)
             self._label(done, pending)
             rec = self.recorder
+            forget = rec.inflight.pop
             for row in done:
-                rec.inflight.pop(-1 - row[0], None)
-                rec.out.append(self._row(row, end=row[5]))
+                forget(-1 - row[0], None)
+            rec.out.extend([self._row(row, row[5]) for row in done])
             if self._gpu is not None:
                 self._gpu_rows(done)
             for row in pending:
@@ -249,18 +250,24 @@ class NativeBuckets:
     def _label(self, done: list[tuple[int, ...]], pending: list[tuple[int, ...]]) -> None:
         """Labels in launch order (record ids, each row's first field), for ids not seen
         before."""
-        fresh = sorted(r for r in done + pending if r[0] > self._seen)
-        for rid, slot, _seq, _step, _s, _e, _n, _d, floating, task, _err, _gs, _ge in fresh:
-            self._labels[rid] = bucket_label(self._buckets[slot], bool(floating), task)
-            self._seen = rid
+        seen, labels, buckets = self._seen, self._labels, self._buckets
+        fresh = [r for r in done if r[0] > seen] + [r for r in pending if r[0] > seen]
+        fresh.sort()
+        for row in fresh:
+            labels[row[0]] = bucket_label(buckets[row[1]], bool(row[8]), row[9])
+        if fresh:
+            self._seen = fresh[-1][0]
 
     def _row(self, row: tuple[int, ...], end: int | None = None) -> tuple[Any, ...]:
         """A collectives row (with ``end``), or an in-flight record (without)."""
         rid, slot, seq, step, start, _end, nbytes, dtype, _f, _task, error = row[:11]
-        label = self._labels.pop(rid, None) if end is not None else self._labels.get(rid)
-        if end is not None and error:
-            label = f"{label};error" if label else "error"
-        head = (step, self.names[slot], seq, "all_reduce", nbytes, self.native.dtype_name(dtype))
         if end is None:
-            return (*head, None, start, True, label)
-        return (*head, None, start, end, True, label)
+            label = self._labels.get(rid)
+        else:
+            label = self._labels.pop(rid, None)
+            if error:
+                label = f"{label};error" if label else "error"
+        name, dtype_name = self.names[slot], self.native.dtype_name(dtype)
+        if end is None:
+            return (step, name, seq, "all_reduce", nbytes, dtype_name, None, start, True, label)
+        return (step, name, seq, "all_reduce", nbytes, dtype_name, None, start, end, True, label)
