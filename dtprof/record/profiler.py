@@ -54,7 +54,7 @@ def profile(
     enabled: bool = True,
     gpu_sample_interval_s: float = 1.0,
     gpu_timing: bool = True,
-    flush_interval_s: float = 0.5,
+    flush_interval_s: float = 1.0,
     seal_interval_s: float = 300.0,
     clock_sync: bool = True,
 ) -> Profiler | NullProfiler:

@@ -79,7 +79,7 @@ class TraceWriter:
     def __init__(
         self,
         folder: Path,
-        flush_interval_s: float = 0.5,
+        flush_interval_s: float = 1.0,
         seal_rows: int = 250_000,
         seal_interval_s: float = 300.0,
         on_failure: Callable[[BaseException], None] | None = None,
