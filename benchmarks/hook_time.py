@@ -5,8 +5,10 @@ dtprof's per-step functions, measured in place on overhead.py's training step.
                                    [--tree PATH ...]
 
 Every function of dtprof's that the training thread runs at every step (the phase hooks,
-``prof.step()``, ``prof.log()``, a region's three calls; also, inside the forward's beginning,
-the counting of the forward pass's samples, shown apart and not summed) is wrapped in a timer, and
+``prof.step()``, ``prof.log()``; also, inside the forward's beginning, the counting of the
+forward pass's samples, shown apart and not summed) is wrapped in a timer, a region is timed
+whole (from before its call to its block, and from its block's end on: its entry and its exit,
+whether Python or, where the kernel makes regions, C), and
 overhead.py's step (DDP on a one-rank gloo group, MLP 4×512, batch 64, a region around the
 batch, the loss logged) runs ``--steps`` steps after 20 warm-up ones. ``--session`` records
 the step as ``dtprof run`` and the integrations do (dtprof.record.auto's session, told the
@@ -64,9 +66,6 @@ FUNCTIONS = (
     "dtprof.record.phases:PhaseHooks._optimizer_post",
     "dtprof.record.phases:PhaseHooks._backward_begins",  # the backward in Python only
     "dtprof.record.phases:PhaseHooks._backward_ends",
-    "dtprof.record.profiler:Profiler.region",
-    "dtprof.record.profiler:_Region.__enter__",
-    "dtprof.record.profiler:_Region.__exit__",
     "dtprof.record.auto:Session.backward",  # dtprof run's session (--session)
     "dtprof.record.auto:Session.optimizer_pre",
     "dtprof.record.auto:Session.optimizer_post",
@@ -83,6 +82,7 @@ NESTED = (
     "PhaseHooks._step_ends",
     "PhaseHooks.step_ends",
 )
+REGION = "a region, whole"  # TRAIN times it in the step itself (entry and exit, Python or C)
 INSIDE_THE_SESSION = ("Profiler.log", "Profiler.step")  # called by Session.optimizer_post
 # overhead.py's model and step, on a one-rank gloo group: what both processes below train
 MODEL = """
@@ -125,11 +125,20 @@ for target in json.loads(os.environ["FUNCTIONS"]):
             __spent.append(now() - start)
     setattr(owner, name, timed)
 micro_batches = int(os.environ["MICRO_BATCHES"])
+region_spent = times["a region, whole"] = []
 def train(n):
     for _ in range(n):
         opt.zero_grad(set_to_none=True)
         for _ in range(micro_batches):
-            with prof.region("data") if prof is not None else contextlib.nullcontext():
+            if prof is not None:
+                before = now()
+                with prof.region("data"):
+                    entered = now()
+                    x = torch.randn(64, 512, generator=gen)
+                    y = torch.randint(0, 16, (64,), generator=gen)
+                    leaving = now()
+                region_spent.append(entered - before + now() - leaving)
+            else:
                 x = torch.randn(64, 512, generator=gen)
                 y = torch.randint(0, 16, (64,), generator=gen)
             loss = loss_fn(model(x), y)
@@ -314,7 +323,9 @@ def main(argv: list[str] | None = None) -> int:
     calling = [calling_ns(max(40, args.steps // 5)) for _ in range(args.rounds)]
     med = statistics.median
     names = [
-        f.split(":")[1] for f in FUNCTIONS if any(f.split(":")[1] in figures[t] for t in trees)
+        name
+        for name in (*(f.split(":")[1] for f in FUNCTIONS), REGION)
+        if any(name in figures[t] for t in trees)
     ]
     nested = NESTED + (INSIDE_THE_SESSION if args.session else ())
     recorded = "as dtprof run records it" if args.session else "under profile()"

@@ -414,9 +414,10 @@ class Profiler:
             if optimizer is not None:
                 self.phases.add_optimizer(stepped_optimizer(optimizer))
         kernel = native.loaded()  # by the phase hooks or DDP's buckets: never for logging alone
-        if kernel is not None and "log" not in vars(self):  # log() natively from now on
+        if kernel is not None and "log" not in vars(self):  # log() and region() natively
             self.read_scalar = kernel.read_scalar
             self.log = kernel.profiler_log(self, type(self).log.__get__(self))  # type: ignore[method-assign]
+            self.region = kernel.profiler_region(self, type(self).region.__get__(self))  # type: ignore[method-assign]
         if schedule is not None:
             self.pipeline = schedule
             self.note_meta(pipeline=pipeline.describe(schedule, self.rank))
@@ -505,7 +506,10 @@ class Profiler:
         self.hook_failed("phases", exc)
 
     def region(self, name: str) -> _Region | _NullRegion:
-        """A named user region inside a step (nestable): ``with prof.region("data"):``."""
+        """A named user region inside a step (nestable): ``with prof.region("data"):``.
+        (Where the native kernel is loaded, the profiler's own ``region`` is its form of this
+        method, regions.cpp's profiler_region, which hands it the regions it does not time: a
+        change here or in _Region is made there too.)"""
         if not self.active:
             return _NullRegion()
         return _Region(self, name)

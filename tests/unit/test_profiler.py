@@ -244,6 +244,7 @@ def test_a_step_given_a_closure_times_the_optimizer_from_where_the_closure_retur
 
 def test_regions_nest_and_close_even_when_their_block_raises(tmp_path: Path, fake_clock) -> None:
     with dtprof.profile(tmp_path, clock_sync=False) as prof:
+        vars(prof).pop("region", None)  # Python's regions, on the fake clock (the kernel's below)
         with prof.region("outer"), pytest.raises(KeyError), prof.region("inner"):
             raise KeyError("boom")
         prof.step()
@@ -258,6 +259,90 @@ def test_regions_nest_and_close_even_when_their_block_raises(tmp_path: Path, fak
     )
     assert outer["start_ns"] < inner["start_ns"] < inner["end_ns"] < outer["end_ns"]
     assert inner["end_ns"] - inner["start_ns"] == 1000  # exactly one clock read apart
+
+
+def _regions(prof) -> None:
+    """Nested regions over two steps, the inner one of step 1 left by an exception."""
+    for step in range(2):
+        with prof.region("outer"):
+            with prof.region("inner"):
+                if step == 1:
+                    with pytest.raises(KeyError), prof.region("deepest"):
+                        raise KeyError("boom")
+            with prof.region("inner"):
+                pass
+        prof.step()
+
+
+def test_regions_are_the_same_natively_and_in_python(tmp_path: Path) -> None:
+    """Where the kernel is loaded the profiler's ``region`` is its builtin, whose regions are
+    C: the same spans (names, depths, steps, nesting) as Profiler.region's, the block's
+    exception passed on; with GPU timing on, Profiler.region's own regions (CUDA events)."""
+    native_kernel_or_skip()
+    recorded = []
+    for native in (True, False):
+        model = torch.nn.Linear(2, 1)
+        folder = tmp_path / str(native)
+        with dtprof.profile(folder, model=model, clock_sync=False) as prof:
+            if native:
+                assert type(prof.region("x")).__name__ == "Region"
+            else:
+                del prof.region  # type: ignore[attr-defined]
+                assert type(prof.region("x")).__name__ == "_Region"
+            _regions(prof)
+            assert prof._region_depth == 0  # type: ignore[union-attr]
+        spans = dtprof.load_trace(folder).spans
+        spans = spans[spans["kind"] == "region"].sort_values("start_ns", kind="stable")
+        for row in spans.itertuples():
+            inside = spans[(spans["start_ns"] < row.start_ns) & (row.end_ns < spans["end_ns"])]
+            assert len(inside) == row.depth and row.start_ns < row.end_ns
+        recorded.append(spans[["step", "name", "depth"]].to_records(index=False).tolist())
+    assert recorded[0] == recorded[1]
+    assert recorded[0][:3] == [(0, "outer", 0), (0, "inner", 1), (0, "inner", 1)]
+    assert (1, "deepest", 2) in recorded[0]
+    # on a CUDA job the GPU timer is set: the regions are Profiler.region's (faked here)
+    model = torch.nn.Linear(2, 1)
+    with dtprof.profile(tmp_path / "gpu", model=model, clock_sync=False) as prof:
+        paired: list[tuple[object, ...]] = []
+
+        class Timer:
+            def mark(self) -> str:
+                return "event"
+
+            def pair(self, event: object, key: tuple[object, ...], *times: int) -> None:
+                paired.append(key)
+
+        prof.gpu_timer = Timer()  # type: ignore[union-attr, assignment]
+        with prof.region("timed"):
+            pass
+        prof.gpu_timer = None  # type: ignore[union-attr]
+    assert paired == [(0, "timed", "region", None, None)]
+
+
+def test_a_failure_inside_a_native_region_never_reaches_its_block() -> None:
+    """The region's depth unreadable (a failure inside the kernel): region_failed is told,
+    the user's block runs and its own exception passes, nothing else is raised."""
+    native_kernel_or_skip()
+    from dtprof.record import native
+
+    failures: list[str] = []
+
+    class Recorder:  # what the native region reads of a profiler, less its depth
+        def __init__(self) -> None:
+            self.active, self.step_index, self.gpu_timer = True, 0, None
+            self._switched_off: set[str] = set()
+            self.spans: list[tuple[object, ...]] = []
+
+        def hook_failed(self, name: str, exc: BaseException) -> None:
+            failures.append(f"{name}: {type(exc).__name__}")
+
+    recorder = Recorder()
+    region = native.load()[0].profiler_region(recorder, None)  # type: ignore[union-attr]
+    ran = []
+    with pytest.raises(KeyError), region("data"):
+        ran.append(True)
+        raise KeyError("the block's own")
+    assert ran == [True] and failures == ["region: AttributeError"] and not recorder.spans
 
 
 def test_steps_phases_scalars_and_fingerprints(tmp_path: Path, kernel: str) -> None:

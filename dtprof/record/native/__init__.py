@@ -2,16 +2,17 @@
 
 ``buckets.cpp`` does what :mod:`dtprof.record.ddp_buckets` does with no Python on a bucket's
 path (see there); ``phases.cpp`` times the phases as :mod:`dtprof.record.phases` does, with no
-Python on the step's path in the common case (see there); ``scalars.cpp`` is ``prof.log()``'s
-native form (``profiler_log``, where the kernel is loaded for a model), which reads a logged
-CPU tensor's value without torch's dispatcher (``read_scalar``, which Profiler.log uses too).
-It is compiled against the torch in use, as torch extensions are, so it is built on the
-machine, once per torch build, into dtprof's cache (a C++ compiler and ninja needed, about
-10-30 s): by the first ``profile()`` of a model that needs it, which says so once on stderr
-(the first process of a node; the others wait for its build), or ahead by ``dtprof
-build-native``. A build that fails is remembered, and not tried again at each run
-until ``dtprof build-native`` tries it; ``profile()`` then records in Python, saying why in
-the trace's metadata. ``DTPROF_NATIVE=0`` keeps it unloaded.
+Python on the step's path in the common case (see there); where the kernel is loaded for a
+model, ``regions.cpp`` is ``prof.region()``'s native form (``profiler_region``) and
+``scalars.cpp`` ``prof.log()``'s (``profiler_log``), which reads a logged CPU tensor's value
+without torch's dispatcher (``read_scalar``, which Profiler.log uses too). It is compiled
+against the torch in use, as torch extensions are, so it is built on the machine, once per
+torch build, into dtprof's cache (a C++ compiler and ninja needed, about 10-30 s): by the first
+``profile()`` of a model that needs it, which says so once on stderr (the first process of a
+node; the others wait for its build), or ahead by ``dtprof build-native``. A build that fails
+is remembered, and not tried again at each run until ``dtprof build-native`` tries it;
+``profile()`` then records in Python, saying why in the trace's metadata. ``DTPROF_NATIVE=0``
+keeps it unloaded.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from dtprof.cache import native_off, native_root
 from dtprof.errors import DtprofError
 
 SOURCES = tuple(
-    Path(__file__).with_name(name) for name in ("buckets.cpp", "phases.cpp", "scalars.cpp")
+    Path(__file__).with_name(name)
+    for name in ("buckets.cpp", "phases.cpp", "scalars.cpp", "regions.cpp")
 )
 HEADERS = tuple(Path(__file__).with_name(name) for name in ("clock.h", "failure.h"))
 NAME = "dtprof_native"
@@ -210,6 +212,8 @@ class Native:
         self.read_scalar = self.lib.dtprof_scalar_reader()
         self.lib.dtprof_profiler_logger.restype = ctypes.py_object
         self.lib.dtprof_profiler_logger.argtypes = [ctypes.py_object]
+        self.lib.dtprof_profiler_regioner.restype = ctypes.py_object
+        self.lib.dtprof_profiler_regioner.argtypes = [ctypes.py_object]
         self.shared = int64s(int(ops.shared_address()), 1 + SLOTS)
         self._tls = threading.local()
         self._dtypes: dict[int, str] = {}
@@ -222,6 +226,16 @@ class Native:
         failed = functools.partial(prof.hook_failed, "log")
         context = (vars(prof), prof._switched_off, prof.scalars.append, python_log, failed)
         return self.lib.dtprof_profiler_logger(context)
+
+    def profiler_region(self, prof: Any, python_region: Any) -> Any:
+        """Profiler.region done natively for ``prof``, which sets it as its own ``region``:
+        a region whose entry and exit are C (regions.cpp), its depth and step read and written
+        in ``prof``'s __dict__ as _Region does; a profiler not recording, one timing regions on
+        the GPU, and one whose native region failed get ``python_region`` (Profiler.region
+        bound to it)."""
+        failed = functools.partial(prof.hook_failed, "region")
+        context = (vars(prof), prof.spans.append, python_region, failed)
+        return self.lib.dtprof_profiler_regioner(context)
 
     def depth_flag(self) -> ctypes.c_int64:
         """This thread's "inside the wrapped Python API" flag (fetched once per thread)."""
