@@ -1,6 +1,6 @@
 """What dtprof's writer thread costs while a job trains: its CPU time per second of recording.
 
-    python benchmarks/writer_cost.py [--seconds 20] [--step-ms 6,30] [--flush-s 0.5]
+    python benchmarks/writer_cost.py [--seconds 20] [--step-ms 6,30] [--flush-s 1]
 
 The writer works per interval, not per step: every ``flush_interval_s`` it ticks (drains the
 native kernel's records, the GPU's times, the samplers, the hang watchdog, inflight.json) and
@@ -133,7 +133,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seconds", type=float, default=20.0)
     p.add_argument("--step-ms", default="6,30", help="step lengths to pad to, comma-separated")
-    p.add_argument("--flush-s", default="0.5", help="flush intervals, comma-separated")
+    p.add_argument(
+        "--flush-s", default="1", help="flush intervals, comma-separated (profile()'s default: 1)"
+    )
     a = p.parse_args()
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     dist.init_process_group("gloo", rank=0, world_size=1)
