@@ -109,7 +109,8 @@ PyObject* region_exit(PyObject* object, PyObject* const* /*args*/, Py_ssize_t /*
   PyObject* step = nullptr;
   PyObject *start = nullptr, *stop = nullptr, *row = nullptr, *appended = nullptr;
   if (add_to(attrs, keys().depth, -1)) {
-    step = PyDict_GetItemWithError(attrs, keys().step_index);  // borrowed
+    step = PyDict_GetItemWithError(attrs, keys().step_index);
+    Py_XINCREF(step);  // held: making the row may run a collection, and its finalizers
     start = step != nullptr ? PyLong_FromLongLong(self->start) : nullptr;
     stop = start != nullptr ? PyLong_FromLongLong(end) : nullptr;
     row = stop != nullptr ? PyTuple_Pack(8, step, self->name, keys().region, start, stop,
@@ -118,6 +119,7 @@ PyObject* region_exit(PyObject* object, PyObject* const* /*args*/, Py_ssize_t /*
     appended = row != nullptr ? PyObject_CallOneArg(PyTuple_GET_ITEM(self->context, kAppend), row)
                               : nullptr;
   }
+  Py_XDECREF(step);
   Py_XDECREF(start);
   Py_XDECREF(stop);
   Py_XDECREF(row);

@@ -161,18 +161,21 @@ PyObject* profiler_log(PyObject* context, PyObject* const* args, size_t nargsf,
     return PyObject_Vectorcall(PyTuple_GET_ITEM(context, 3), args, nargsf, kwnames);
   }
   PyObject* append = PyTuple_GET_ITEM(context, 2);
-  for (Py_ssize_t i = 0; i < n; ++i) {
+  Py_INCREF(step);  // held: making the rows may run a collection, and its finalizers
+  bool failed = false;
+  for (Py_ssize_t i = 0; i < n && !failed; ++i) {
     PyObject* value = PyFloat_FromDouble(values[i]);
     PyObject* row = value != nullptr ? PyTuple_Pack(3, step, PyTuple_GET_ITEM(kwnames, i), value)
                                      : nullptr;
     PyObject* appended = row != nullptr ? PyObject_CallOneArg(append, row) : nullptr;
     Py_XDECREF(value);
     Py_XDECREF(row);
-    if (appended == nullptr) {  // out of memory: logging goes off, training goes on
-      said_to(PyTuple_GET_ITEM(context, 4));
-      Py_RETURN_NONE;
-    }
-    Py_DECREF(appended);
+    Py_XDECREF(appended);
+    failed = appended == nullptr;
+  }
+  Py_DECREF(step);
+  if (failed) {  // out of memory: logging goes off, training goes on
+    said_to(PyTuple_GET_ITEM(context, 4));
   }
   Py_RETURN_NONE;
 }
