@@ -416,7 +416,8 @@ class Profiler:
         kernel = native.loaded()  # by the phase hooks or DDP's buckets: never for logging alone
         if kernel is not None and "log" not in vars(self):  # log() and region() natively
             self.read_scalar = kernel.read_scalar
-            self.log = kernel.profiler_log(self, type(self).log.__get__(self))  # type: ignore[method-assign]
+            python_log = type(self).log.__get__(self)
+            self.log = kernel.profiler_log(self, python_log, WORK_NAMES)  # type: ignore[method-assign]
             self.region = kernel.profiler_region(self, type(self).region.__get__(self))  # type: ignore[method-assign]
         if schedule is not None:
             self.pipeline = schedule

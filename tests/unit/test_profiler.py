@@ -21,7 +21,7 @@ import dtprof
 from dtprof.jobs.launch import free_port
 from dtprof.record.memory import rss_bytes
 from dtprof.record.phases import NativePhases, Ring
-from dtprof.record.profiler import NullProfiler
+from dtprof.record.profiler import WORK_NAMES, NullProfiler
 from dtprof.record.writer import DtprofWarning
 from tests.conftest import native_kernel_or_skip
 
@@ -533,7 +533,8 @@ def test_a_failure_inside_the_native_log_switches_log_off() -> None:
     def python_log(**values: object) -> None:
         raise AssertionError("handed to Python")
 
-    log = native.load()[0].profiler_log(Recorder(), python_log)  # type: ignore[union-attr]
+    kernel = native.load()[0]
+    log = kernel.profiler_log(Recorder(), python_log, WORK_NAMES)  # type: ignore[union-attr]
     assert log(loss=1.0) is None
     assert [(name, str(exc)) for name, exc in failures] == [("log", "full")]
 

@@ -35,7 +35,7 @@ SOURCES = tuple(
     Path(__file__).with_name(name)
     for name in ("buckets.cpp", "phases.cpp", "scalars.cpp", "regions.cpp")
 )
-HEADERS = tuple(Path(__file__).with_name(name) for name in ("clock.h", "failure.h"))
+HEADERS = tuple(Path(__file__).with_name(name) for name in ("attrs.h", "clock.h", "failure.h"))
 NAME = "dtprof_native"
 SLOTS = 64  # watched groups at most (kSlots in buckets.cpp)
 FIELDS = 13  # a record's columns (kFields, Record in buckets.cpp)
@@ -218,13 +218,21 @@ class Native:
         self._tls = threading.local()
         self._dtypes: dict[int, str] = {}
 
-    def profiler_log(self, prof: Any, python_log: Any) -> Any:
+    def profiler_log(self, prof: Any, python_log: Any, work_names: tuple[str, ...]) -> Any:
         """Profiler.log done natively for ``prof``, which sets it as its own ``log``: floats,
         ints and plain CPU scalar tensors read here (``read_scalar``'s way) into its scalars
         table, its ``active``, ``step_index`` and ``_switched_off`` read as Profiler.log reads
-        them; any other call goes, untouched, to ``python_log`` (Profiler.log bound to it)."""
+        them; any other call, and any logging one of ``work_names`` (WORK_NAMES), goes,
+        untouched, to ``python_log`` (Profiler.log bound to it)."""
         failed = functools.partial(prof.hook_failed, "log")
-        context = (vars(prof), prof._switched_off, prof.scalars.append, python_log, failed)
+        context = (
+            vars(prof),
+            prof._switched_off,
+            prof.scalars.append,
+            python_log,
+            failed,
+            work_names,
+        )
         return self.lib.dtprof_profiler_logger(context)
 
     def profiler_region(self, prof: Any, python_region: Any) -> Any:
@@ -234,7 +242,7 @@ class Native:
         the GPU, and one whose native region failed get ``python_region`` (Profiler.region
         bound to it)."""
         failed = functools.partial(prof.hook_failed, "region")
-        context = (vars(prof), prof.spans.append, python_region, failed)
+        context = (vars(prof), prof._switched_off, prof.spans.append, python_region, failed)
         return self.lib.dtprof_profiler_regioner(context)
 
     def depth_flag(self) -> ctypes.c_int64:

@@ -50,6 +50,7 @@
 #include <torch/csrc/autograd/graph_task.h>
 #include <torch/csrc/autograd/python_variable.h>
 
+#include "attrs.h"
 #include "clock.h"
 #include "failure.h"
 
@@ -70,6 +71,7 @@ namespace {
 
 using dtprof::now_ns;
 using dtprof::said_to;
+using dtprof::store;
 
 constexpr int64_t kRing = 16384;  // spans Python may fall behind by before losing some
 
@@ -567,14 +569,6 @@ const Keys& keys() {
                       PyUnicode_InternFromString("step_index"),
                       PyUnicode_InternFromString("step_start_ns")};
   return k;
-}
-
-// attrs[key] = value (false: failed, the Python error set)
-bool store(PyObject* attrs, PyObject* key, int64_t value) {
-  PyObject* number = PyLong_FromLongLong(value);
-  const bool stored = number != nullptr && PyDict_SetItem(attrs, key, number) == 0;
-  Py_XDECREF(number);
-  return stored;
 }
 
 // /proc/self/statm, kept open as dtprof.record.memory keeps it: one pread a reading

@@ -12,6 +12,7 @@
 
 #include <Python.h>
 
+#include "attrs.h"
 #include "clock.h"
 #include "failure.h"
 
@@ -21,11 +22,12 @@ namespace {
 
 using dtprof::now_ns;
 using dtprof::said_to;
+using dtprof::store;
 
 // the profiler's attributes a region reads and writes, as keys of its __dict__, and the span's
 // kind
 struct Keys {
-  PyObject *active, *gpu_timer, *depth, *step_index, *switched_off, *region;
+  PyObject *active, *gpu_timer, *depth, *step_index, *region;
 };
 
 const Keys& keys() {
@@ -33,14 +35,13 @@ const Keys& keys() {
                       PyUnicode_InternFromString("gpu_timer"),
                       PyUnicode_InternFromString("_region_depth"),
                       PyUnicode_InternFromString("step_index"),
-                      PyUnicode_InternFromString("_switched_off"),
                       PyUnicode_InternFromString("region")};
   return k;
 }
 
-// a region's context: (the profiler's __dict__, its spans table's append, Profiler.region bound
-// to it, region_failed(exc))
-enum Context { kAttrs, kAppend, kPythonRegion, kFailed };
+// a region's context: (the profiler's __dict__, its _switched_off, its spans table's append,
+// Profiler.region bound to it, region_failed(exc))
+enum Context { kAttrs, kSwitchedOff, kAppend, kPythonRegion, kFailed };
 
 struct Region {
   PyObject_HEAD PyObject* context;
@@ -72,10 +73,7 @@ bool add_to(PyObject* attrs, PyObject* key, int64_t step) {
   if (value == -1 && PyErr_Occurred()) {
     return false;
   }
-  PyObject* next = PyLong_FromLongLong(value + step);
-  const bool stored = next != nullptr && PyDict_SetItem(attrs, key, next) == 0;
-  Py_XDECREF(next);
-  return stored;
+  return store(attrs, key, value + step);
 }
 
 // __enter__: one level deeper, the start noted
@@ -157,8 +155,7 @@ PyObject* profiler_region(PyObject* context, PyObject* name) {
   PyObject* attrs = PyTuple_GET_ITEM(context, kAttrs);
   PyObject* active = PyDict_GetItemWithError(attrs, keys().active);  // borrowed
   PyObject* timer = PyDict_GetItemWithError(attrs, keys().gpu_timer);
-  PyObject* off = PyDict_GetItemWithError(attrs, keys().switched_off);
-  const int failed_before = off != nullptr ? PySet_Contains(off, keys().region) : -1;
+  const int failed_before = PySet_Contains(PyTuple_GET_ITEM(context, kSwitchedOff), keys().region);
   if (active != Py_True || timer != Py_None || failed_before != 0) {
     PyErr_Clear();
     return PyObject_CallOneArg(PyTuple_GET_ITEM(context, kPythonRegion), name);
@@ -184,8 +181,8 @@ PyMethodDef region_def = {"region", profiler_region, METH_O,
 extern "C" {
 
 // the builtin profiler_region for one profiler (a new reference; nullptr, the Python error
-// set, where its type cannot be made); context: (its __dict__, its spans table's append,
-// Profiler.region bound to it, region_failed(exc))
+// set, where its type cannot be made); context: (its __dict__, its _switched_off, its spans
+// table's append, Profiler.region bound to it, region_failed(exc))
 PyObject* dtprof_profiler_regioner(PyObject* context) {
   if (region_type == nullptr) {
     region_type = reinterpret_cast<PyTypeObject*>(PyType_FromSpec(&region_spec));

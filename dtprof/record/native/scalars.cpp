@@ -124,16 +124,21 @@ bool plain_number(PyObject* value, double* out) {
   return read.has_value();
 }
 
-// whether ``name`` is one of Profiler.log's WORK_NAMES, which it notes as logged by the script
-bool work_name(PyObject* name) {
-  return PyUnicode_Check(name) && (PyUnicode_CompareWithASCIIString(name, "samples") == 0 ||
-                                   PyUnicode_CompareWithASCIIString(name, "tokens") == 0);
+// whether ``name`` is one of ``work_names`` (Profiler.log's WORK_NAMES, which it notes as logged
+// by the script), or cannot be told apart from them
+bool work_name(PyObject* work_names, PyObject* name) {
+  const int found = PySequence_Contains(work_names, name);
+  if (found < 0) {
+    PyErr_Clear();
+  }
+  return found != 0;
 }
 
 // Profiler.log(**values), natively; its context: (the profiler's __dict__, its _switched_off,
-// its scalars table's append, Profiler.log bound to it, log_failed(exc)). A call this does not
-// read whole (positional arguments, a work name, a value of another kind) goes, untouched, to
-// Profiler.log; what fails after reading goes to log_failed, as Profiler.log's own failures do.
+// its scalars table's append, Profiler.log bound to it, log_failed(exc), WORK_NAMES). A call
+// this does not read whole (positional arguments, a work name, a value of another kind) goes,
+// untouched, to Profiler.log; what fails after reading goes to log_failed, as Profiler.log's
+// own failures do.
 PyObject* profiler_log(PyObject* context, PyObject* const* args, size_t nargsf,
                        PyObject* kwnames) {
   static PyObject* const active_key = PyUnicode_InternFromString("active");
@@ -155,7 +160,8 @@ PyObject* profiler_log(PyObject* context, PyObject* const* args, size_t nargsf,
   double values[kMostValues];
   bool plain = nargs == 0 && n <= kMostValues && step != nullptr && PyLong_CheckExact(step);
   for (Py_ssize_t i = 0; plain && i < n; ++i) {
-    plain = !work_name(PyTuple_GET_ITEM(kwnames, i)) && plain_number(args[i], &values[i]);
+    plain = !work_name(PyTuple_GET_ITEM(context, 5), PyTuple_GET_ITEM(kwnames, i)) &&
+            plain_number(args[i], &values[i]);
   }
   if (!plain) {
     return PyObject_Vectorcall(PyTuple_GET_ITEM(context, 3), args, nargsf, kwnames);
@@ -194,7 +200,8 @@ extern "C" {
 PyObject* dtprof_scalar_reader() { return PyCFunction_New(&read_def, nullptr); }
 
 // the builtin profiler_log for one profiler (a new reference); context: (its __dict__, its
-// _switched_off, its scalars table's append, Profiler.log bound to it, log_failed(exc))
+// _switched_off, its scalars table's append, Profiler.log bound to it, log_failed(exc),
+// WORK_NAMES)
 PyObject* dtprof_profiler_logger(PyObject* context) {
   return PyCFunction_New(&log_def, context);
 }
