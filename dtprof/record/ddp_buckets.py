@@ -32,12 +32,14 @@ import contextlib
 import time
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from dtprof.record import comms
 from dtprof.record.gpu_timing import ANCHOR_EVERY_S
+from dtprof.trace import live
 
 if TYPE_CHECKING:
     from dtprof.record.comms import CommRecorder
@@ -151,9 +153,7 @@ class NativeBuckets:
         self.enabled = True
         self.in_flight = 0  # records in flight at the last sync
         self.names: dict[int, str] = {}  # slot -> group name
-        self._buckets: dict[int, list[int]] = {}  # slot -> [graph task, next bucket index]
-        self._labels: dict[int, str] = {}  # record id -> label, given in launch order
-        self._seen = -1  # the highest record id labelled
+        self._in_flight_keys: list[int] = []  # the recorder's in-flight keys of the last sync
         self._installed = False
         self._gpu: int | None = None  # the CUDA device whose buckets are timed on the GPU
         self._next_anchor_ns = 0
@@ -176,7 +176,6 @@ class NativeBuckets:
             # the group's sequence numbers go on from where Python's count is
             self.native.shared[1 + slot] = self.recorder.take_native_seq(name, slot)
             self.names[slot] = name
-            self._buckets[slot] = [-2, 0]
 
     def uninstall(self, timeout_s: float = 1.0) -> None:
         """Deregister the kernel, wait up to ``timeout_s`` for what is in flight, drain."""
@@ -201,20 +200,20 @@ class NativeBuckets:
         try:
             if self._gpu is not None and comms.now_ns() > self._next_anchor_ns:
                 self._anchor()
-            failure, done, pending = self.take()
+            failure, done_bytes, pending = self.take()
             if failure:
                 raise RuntimeError(failure)
+            done = np.frombuffer(done_bytes, np.int64).reshape(-1, FIELDS)
             self.in_flight = len(pending)
-            self._label(done, pending)
             rec = self.recorder
-            forget = rec.inflight.pop
-            for row in done:
-                forget(-1 - row[0], None)
-            rec.out.extend([self._row(row, row[5]) for row in done])
+            for key in self._in_flight_keys:
+                rec.inflight.pop(key, None)
+            self._in_flight_keys = [-1 - row[0] for row in pending]
+            for key, row in zip(self._in_flight_keys, pending, strict=True):
+                rec.inflight[key] = self._in_flight(row)
+            rec.prof.writer.add_columns("collectives", len(done), self._columns(done))
             if self._gpu is not None:
-                self._gpu_rows(done)
-            for row in pending:
-                rec.inflight[-1 - row[0]] = self._row(row)
+                self._gpu_rows(done[done[:, GPU_START] >= 0].tolist())
         except Exception as exc:
             self.enabled = False
             with contextlib.suppress(Exception):
@@ -247,27 +246,50 @@ class NativeBuckets:
             timer.timed += timed
             timer.dropped_native = int(self.ops.gpu_dropped())
 
-    def _label(self, done: list[tuple[int, ...]], pending: list[tuple[int, ...]]) -> None:
-        """Labels in launch order (record ids, each row's first field), for ids not seen
-        before."""
-        seen, labels, buckets = self._seen, self._labels, self._buckets
-        fresh = [r for r in done if r[0] > seen] + [r for r in pending if r[0] > seen]
-        fresh.sort()
-        for row in fresh:
-            labels[row[0]] = bucket_label(buckets[row[1]], bool(row[8]), row[9])
-        if fresh:
-            self._seen = fresh[-1][0]
+    def _columns(self, done: np.ndarray) -> list[Any]:
+        """Completed records (rows of FIELDS numbers) as the collectives table's columns."""
+        n = len(done)
+        slots = done[:, SLOT]
+        groups = [self.names.get(slot) for slot in range(int(slots.max(initial=0)) + 1)]
+        dtypes, dtype_codes = np.unique(done[:, DTYPE], return_inverse=True)
+        return [
+            live.packed(done[:, STEP], "<i8"),
+            live.coded(slots, groups),
+            live.packed(done[:, SEQ], "<i8"),
+            live.coded(np.zeros(n, np.int32), ["all_reduce"]),
+            live.packed(done[:, NBYTES], "<i8"),
+            live.coded(dtype_codes, [self.native.dtype_name(int(d)) for d in dtypes]),
+            None,  # peer
+            live.packed(done[:, START], "<i8"),
+            live.packed(done[:, END], "<i8"),
+            live.coded(np.zeros(n, np.int32), [True]),  # async_op
+            _labels(done[:, BUCKET], done[:, ERROR]),
+        ]
 
-    def _row(self, row: tuple[int, ...], end: int | None = None) -> tuple[Any, ...]:
-        """A collectives row (with ``end``), or an in-flight record (without)."""
-        rid, slot, seq, step, start, _end, nbytes, dtype, _f, _task, error = row[:11]
-        if end is None:
-            label = self._labels.get(rid)
-        else:
-            label = self._labels.pop(rid, None)
-            if error:
-                label = f"{label};error" if label else "error"
-        name, dtype_name = self.names[slot], self.native.dtype_name(dtype)
-        if end is None:
-            return (step, name, seq, "all_reduce", nbytes, dtype_name, None, start, True, label)
-        return (step, name, seq, "all_reduce", nbytes, dtype_name, None, start, end, True, label)
+    def _in_flight(self, row: tuple[int, ...]) -> tuple[Any, ...]:
+        """A record in flight as the recorder's in-flight table holds one (no end)."""
+        step, start, nbytes = row[STEP], row[START], row[NBYTES]
+        label = bucket_name(row[BUCKET])
+        name, dtype_name = self.names[row[SLOT]], self.native.dtype_name(row[DTYPE])
+        return (step, name, row[SEQ], "all_reduce", nbytes, dtype_name, None, start, True, label)
+
+
+# a record's fields (buckets.cpp's Record), by column
+FIELDS = 13
+ID, SLOT, SEQ, STEP, START, END, NBYTES, DTYPE, FLOATING, BUCKET, ERROR, GPU_START, GPU_END = range(
+    FIELDS
+)
+
+
+def bucket_name(bucket: int) -> str:
+    """A call's label from the kernel's bucket index (-1: DDP's map of used parameters)."""
+    return f"ddp.bucket{bucket}" if bucket >= 0 else "ddp.used_parameters"
+
+
+def _labels(buckets: np.ndarray, errors: np.ndarray) -> dict[str, Any]:
+    """The label column of records with these bucket indices (-1: the map of used
+    parameters) and errors: ``ddp.bucketN`` or ``ddp.used_parameters``, ``;error`` after an
+    operation that failed."""
+    plain = [bucket_name(b) for b in range(-1, int(buckets.max(initial=-1)) + 1)]
+    codes = buckets + 1 + np.where(errors != 0, len(plain), 0)
+    return live.coded(codes, plain + [f"{name};error" for name in plain])

@@ -26,9 +26,9 @@ import copy
 import ctypes
 import threading
 import time
-from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from torch.utils._pytree import tree_leaves
 
@@ -42,6 +42,7 @@ from dtprof.record.native import (
     int64s,
 )
 from dtprof.record.throughput import StepWork
+from dtprof.trace import live
 
 if TYPE_CHECKING:
     from dtprof.record.gpu_timing import GpuTimer
@@ -416,7 +417,7 @@ def _in_backward() -> bool:
     return task_id is not None and task_id() != -1
 
 
-PHASES = ("data", "forward", "backward", "optimizer")  # the kernel's phase codes (Phase)
+PHASES = ["data", "forward", "backward", "optimizer"]  # the kernel's phase codes (Phase)
 
 
 class NativePhases:
@@ -493,26 +494,39 @@ class NativePhases:
 
     def take(self, prof: Profiler) -> list[tuple[int, int, int]]:
         """The spans, the steps and the RSS readings written since the last take, into
-        ``prof``'s tables; the steps' counts written since, as (step, samples, tokens)."""
+        ``prof``'s trace as columns, straight from the rings' numbers (a Python object a value
+        cost the writer about 1 µs a row); the steps' counts written since, as (step,
+        samples, tokens)."""
+        add = prof.writer.add_columns
         with self._lock:
-            columns = self.steps.take()
-            if columns:
-                prof.steps.extend(zip(*columns, strict=True))
-            columns = self.rss.take()
-            if columns:
-                numbers, times, sizes = columns
-                readings = (numbers, times, repeat(RSS_METRIC), map(float, sizes))
-                prof.samples.extend(zip(*readings, strict=False))
-            spans = prof.spans
-            columns = self.spans.take()
-            if columns:
-                numbers, codes, starts, ends = columns
-                names = map(PHASES.__getitem__, codes)
-                kind, depth, none = repeat("phase"), repeat(0), repeat(None)  # endless
-                rows = (numbers, names, kind, starts, ends, depth, none, none)
-                spans.extend(zip(*rows, strict=False))
-            columns = self.counts.take()
-            return list(zip(*columns, strict=True)) if columns else []
+            steps = self.steps.take()
+            add("steps", len(steps), [live.packed(steps[:, i], "<i8") for i in range(3)])
+            rss = self.rss.take()
+            n = len(rss)
+            metric = live.coded(np.zeros(n, np.int32), [RSS_METRIC])
+            sizes = live.packed(rss[:, 2], "<f8")
+            add(
+                "samples",
+                n,
+                [live.packed(rss[:, 0], "<i8"), live.packed(rss[:, 1], "<i8"), metric, sizes],
+            )
+            spans = self.spans.take()
+            n = len(spans)
+            add(
+                "spans",
+                n,
+                [
+                    live.packed(spans[:, 0], "<i8"),  # step
+                    live.coded(spans[:, 1], PHASES),  # name
+                    live.coded(np.zeros(n, np.int32), ["phase"]),  # kind
+                    live.packed(spans[:, 2], "<i8"),  # start_ns
+                    live.packed(spans[:, 3], "<i8"),  # end_ns
+                    live.packed(np.zeros(n, np.int16), "<i2"),  # depth
+                    None,  # stage
+                    None,  # microbatch
+                ],
+            )
+            return [tuple(row) for row in self.counts.take().tolist()]
 
     @property
     def lost(self) -> int:
@@ -522,31 +536,25 @@ class NativePhases:
 
 class Ring:
     """One of the kernel's rings: the count of rows written so far, then ``size`` rows of
-    ``width`` 64-bit integers, row i at i % size; read in slices (a Python loop over the rows
-    would cost the writer about 1 µs a row)."""
+    ``width`` 64-bit integers, row i at i % size; read in slices."""
 
     def __init__(self, address: int, written: Any, width: int, size: int) -> None:
-        self.memory = int64s(address, 1 + width * size)
+        self.rows = np.frombuffer(int64s(address, 1 + width * size), np.int64)[1:]
+        self.rows = self.rows.reshape(size, width)
         self.written = written  # the count, after which the rows below it are whole
         self.width, self.size = width, size
         self.read = written()  # the rows written before this profile are not its own
         self.lost = 0  # rows overwritten before they were read
 
-    def take(self) -> list[list[int]]:
-        """The columns of the rows written since the last take (none: [])."""
+    def take(self) -> np.ndarray:
+        """The rows written since the last take (a copy, ``width`` columns; none: 0 rows)."""
         written, read = self.written(), self.read
-        if written == read:
-            return []
         if written - read >= self.size:  # the oldest may be being written over
             self.lost += written - read - self.size + 1
             read = written - self.size + 1
-        width, memory = self.width, self.memory
         first = read % self.size
         last = first + written - read
-        if last <= self.size:
-            flat = memory[1 + width * first : 1 + width * last].tolist()
-        else:  # around the end of the ring
-            wrapped = memory[1 : 1 + width * (last - self.size)].tolist()
-            flat = memory[1 + width * first :].tolist() + wrapped
         self.read = written
-        return [flat[column::width] for column in range(width)]
+        if last <= self.size:
+            return self.rows[first:last].copy()
+        return np.concatenate((self.rows[first:], self.rows[: last - self.size]))

@@ -1,9 +1,11 @@
 """Buffered, crash-safe trace writer: hot-path appends, a background thread does the I/O.
 
-Rows are appended to per-table deques (thread-safe, ~50 ns). Every ``flush_interval_s`` the
-writer thread drains them and appends one frame of columns per table to that table's open
-segment (``_live-N.msgpack``, dtprof.trace.live); the bytes reach the operating system at once,
-so they survive a SIGKILL of the process. A segment is sealed into ``part-N.parquet`` (written
+Rows are appended to per-table deques (thread-safe, ~50 ns); what arrives already as columns
+(the native kernel's rings, read at the writer's tick) is queued as it is. Every
+``flush_interval_s`` the writer thread drains them and appends frames of columns, one for a
+table's rows and one for each set of columns, to that table's open segment
+(``_live-N.msgpack``, dtprof.trace.live); the bytes reach the operating system at once, so
+they survive a SIGKILL of the process. A segment is sealed into ``part-N.parquet`` (written
 aside, then renamed into place) when it grows past ``seal_rows`` or ``seal_interval_s``, and at
 close.
 """
@@ -54,8 +56,11 @@ class _Segment:
         live.write_all(self._fd, live.header(table))
 
     def append(self, rows: list[tuple[Any, ...]]) -> None:
-        live.write_all(self._fd, live.rows_frame(rows, self.table))
-        self.rows += len(rows)
+        self.append_frame(live.rows_frame(rows, self.table), len(rows))
+
+    def append_frame(self, frame: bytes, rows: int) -> None:
+        live.write_all(self._fd, frame)
+        self.rows += rows
 
     def abandon(self) -> None:
         """Close the segment's file, unsealed (writing has failed)."""
@@ -91,6 +96,10 @@ class TraceWriter:
         self.buffers: dict[str, collections.deque[tuple[Any, ...]]] = {
             name: collections.deque() for name in TABLES
         }
+        # table -> (rows, columns) queued by add_columns, each written as a frame of its own
+        self.column_sets: dict[str, collections.deque[tuple[int, list[Any]]]] = {
+            name: collections.deque() for name in TABLES
+        }
         self._on_failure = on_failure
         self._segments: dict[str, _Segment] = {}
         self._next_segment: dict[str, int] = dict.fromkeys(TABLES, 0)
@@ -110,6 +119,13 @@ class TraceWriter:
     def add_tick_hook(self, hook: Callable[[], None]) -> None:
         """Run ``hook`` on the writer thread before each flush (watchdog, samplers)."""
         self._tick_hooks.append(hook)
+
+    def add_columns(self, table: str, rows: int, columns: list[Any]) -> None:
+        """Queue ``rows`` rows of ``table`` given as columns, one per column of the table in
+        its order, each in a form a frame holds (dtprof.trace.live: ``live.packed``,
+        ``live.coded``, None for nulls, a list of values)."""
+        if rows:
+            self.column_sets[table].append((rows, columns))
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="dtprof-writer", daemon=True)
@@ -132,8 +148,7 @@ class TraceWriter:
     def flush(self, seal: bool = False) -> None:
         """Drain every buffer into its segment; seal segments that are due (or all)."""
         if self.failed:
-            for buf in self.buffers.values():
-                buf.clear()
+            self._drop_queued()
             return
         with self._lock:
             try:
@@ -146,15 +161,23 @@ class TraceWriter:
                     warnings.warn(
                         f"dtprof: trace writing stopped: {exc}", DtprofWarning, stacklevel=1
                     )
-                for buf in self.buffers.values():
-                    buf.clear()
+                self._drop_queued()
                 for seg in self._segments.values():
                     seg.abandon()  # left as a killed rank's: readable, unsealed
                 self._segments.clear()
 
+    def _drop_queued(self) -> None:
+        for queued in (*self.buffers.values(), *self.column_sets.values()):
+            queued.clear()
+
     def _flush_locked(self, seal: bool) -> None:
         now = time.monotonic()
         for name, buf in self.buffers.items():
+            sets = self.column_sets[name]
+            while sets:  # first: where both hold a table's rows, these were queued first
+                rows, columns = sets.popleft()
+                self._segment(name).append_frame(live.frame(columns), rows)
+                self.batches_written += 1
             n = len(buf)
             if n:
                 self._segment(name).append([buf.popleft() for _ in range(n)])

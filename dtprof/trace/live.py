@@ -2,12 +2,16 @@
 
 Each frame is a 4-byte little-endian length and that many bytes of MessagePack. The first
 frame is the header, ``{"columns": [name, ...]}``; each later one is one flush of rows, as one
-entry per column in the header's order, in one of three forms:
+entry per column in the header's order, in one of four forms:
 
 - a MessagePack binary: the column's values packed little-endian at its type's width (int64,
   int32, int16, float64 columns without nulls: most of a trace's numbers);
 - nil: every value of the column is null;
-- a list of values (strings, bools, columns with some nulls, and whatever does not pack).
+- a list of values (strings, bools, columns with some nulls, and whatever does not pack);
+- a map ``{"codes": binary, "values": list}``: the column's values coded, value i being
+  ``values[codes[i]]``, the codes packed as little-endian int32. The columns the native
+  kernel's rings fill are written so (a phase's name, a constant kind), straight from the
+  ring's numbers: no Python object per value at the flush or when the segment is read.
 
 The writer puts a frame in the file with one write, so a reader sees whole frames and, after a
 kill in the middle of a write, a torn last one, which it leaves (and, on a file still growing,
@@ -127,6 +131,17 @@ def _column(values: tuple[Any, ...], code: str | None) -> Any:
     return values
 
 
+def packed(values: np.ndarray, dtype: str) -> memoryview:
+    """A column of a frame from a numpy array: its values packed as ``dtype`` (a little-endian
+    numpy dtype of a packed column's width, e.g. "<i8")."""
+    return memoryview(np.ascontiguousarray(values, dtype=dtype).data)
+
+
+def coded(codes: np.ndarray, values: list[Any]) -> dict[str, Any]:
+    """A column of a frame given as ``codes`` into ``values`` (value i is values[codes[i]])."""
+    return {"codes": packed(codes, "<i4"), "values": values}
+
+
 def frame(payload: Any) -> bytes:
     data = _encode(payload)
     return _LENGTH.pack(len(data)) + data
@@ -230,6 +245,8 @@ def _take(
             elif part is None:  # nulls, as many as the frame's rows
                 column.append(None)
                 continue
+            elif form is dict and _is_coded(part):
+                n = len(part["codes"]) // 4
             else:
                 rows = -1
                 break
@@ -242,6 +259,16 @@ def _take(
     if rows == -1:
         raise DtprofError(f"{path}: the frame at byte {at} is not a set of equally long columns")
     frame_rows.append(rows)
+
+
+def _is_coded(part: dict[Any, Any]) -> bool:
+    codes = part.get("codes")
+    return (
+        len(part) == 2
+        and codes.__class__ is bytes
+        and len(codes) % 4 == 0
+        and part.get("values").__class__ is list
+    )
 
 
 def _width(dtype: pa.DataType) -> int:
@@ -264,6 +291,16 @@ def _array(parts: list[Any], frame_rows: list[int], dtype: pa.DataType) -> pa.Ar
             packed = np.frombuffer(b"".join(part for part, _ in frames), _PACKED[dtype][1])
             native = packed.astype(packed.dtype.newbyteorder("="), copy=False)  # no copy on LE
             arrays.append(pa.array(native, type=dtype))
+        elif form is dict:  # the frames' values one after another, their codes moved on
+            maps = [part for part, _ in frames]
+            sizes = [len(part["values"]) for part in maps]
+            rows = [rows for _, rows in frames]
+            codes = np.concatenate([np.frombuffer(part["codes"], "<i4") for part in maps])
+            if ((codes < 0) | (codes >= np.repeat(sizes, rows))).any():
+                raise ValueError("a code out of its values' range")
+            codes = codes + np.repeat(np.cumsum([0, *sizes[:-1]]), rows).astype(np.int32)
+            values = list(itertools.chain.from_iterable(part["values"] for part in maps))
+            arrays.append(pa.array(values, type=dtype).take(pa.array(codes)))
         else:
             arrays.append(pa.nulls(sum(rows for _, rows in frames), type=dtype))
     return arrays[0] if len(arrays) == 1 else pa.concat_arrays(arrays)

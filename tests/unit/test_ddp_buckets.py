@@ -15,6 +15,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -24,9 +25,11 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import dtprof
 from dtprof.jobs.launch import free_port
-from dtprof.record import comms
+from dtprof.record import comms, ddp_buckets
 from dtprof.record.ddp_buckets import BucketWatch, NativeBuckets
 from dtprof.record.writer import DtprofWarning
+from dtprof.trace import live
+from dtprof.trace.schema import COLLECTIVES
 from tests.conftest import native_kernel_or_skip
 
 PARAM_BYTES = 4 * (128 * 128 + 128) * 4
@@ -156,7 +159,7 @@ def test_a_kernel_that_raises_is_switched_off_and_training_goes_on(
         raise RuntimeError("planted")
 
     if kernel == "native":  # its records fail to become rows
-        monkeypatch.setattr(NativeBuckets, "_row", broken)
+        monkeypatch.setattr(NativeBuckets, "_columns", broken)
     else:
         monkeypatch.setattr(comms.CommRecorder, "launched", broken)
     model, opt = _model()
@@ -241,9 +244,10 @@ class _FakeOps:
         self.pending_rows: list[tuple[int, ...]] = []
         self.failure = ""
 
-    def take(self) -> tuple[str, list[tuple[int, ...]], list[tuple[int, ...]]]:
+    def take(self) -> tuple[str, bytes, list[tuple[int, ...]]]:
         rows, self.done = self.done, []
-        return self.failure, rows, list(self.pending_rows)
+        done = np.array(rows, dtype=np.int64).reshape(-1, ddp_buckets.FIELDS).tobytes()
+        return self.failure, done, list(self.pending_rows)
 
     def anchor(self, device: int) -> int:
         self.anchors = getattr(self, "anchors", 0) + 1
@@ -257,55 +261,70 @@ class _FakeOps:
 
 
 class _FakeRecorder:
-    def __init__(self) -> None:
+    """The CommRecorder, profiler and writer NativeBuckets hands its records to."""
+
+    def __init__(self, folder: Path) -> None:
         self.inflight: dict[int, tuple[Any, ...]] = {}
-        self.out: list[tuple[Any, ...]] = []
         self.failed: list[str] = []
-        self.prof = self
+        self.prof = self.writer = self
         self.gpu_spans: list[tuple[Any, ...]] = []
         self.gpu_timer: Any = None
+        self.segment = folder / live.segment_name(0)
+        self.segment.write_bytes(live.header(COLLECTIVES))
 
     def hook_failed(self, name: str, exc: BaseException) -> None:
         self.failed.append(f"{name}: {exc}")
 
+    def add_columns(self, table: str, rows: int, columns: list[Any]) -> None:
+        assert table == "collectives"
+        with open(self.segment, "ab") as f:
+            f.write(live.frame(columns))
+
+    def rows(self) -> list[tuple[Any, ...]]:
+        table, _ = live.read(self.segment, COLLECTIVES)
+        return [tuple(row.values()) for row in table.to_pylist()]
+
 
 def _row(
-    rid: int, seq: int, task: int, floating: int = 1, end: int = -1, error: int = 0, gpu: int = -1
+    rid: int, seq: int, bucket: int, end: int = -1, error: int = 0, gpu: int = -1
 ) -> tuple[int, ...]:
-    # id, slot, seq, step, start, end, bytes, dtype, floating, graph task, error, GPU start, end
+    # id, slot, seq, step, start, end, bytes, dtype, floating, bucket, error, GPU start, end
     gpu_end = gpu + 500 if gpu >= 0 else -1
-    return (rid, 0, seq, 7, 1000 + rid, end, 64, 6, floating, task, error, gpu, gpu_end)
+    floating = int(bucket >= 0)
+    return (rid, 0, seq, 7, 1000 + rid, end, 64, 6, floating, bucket, error, gpu, gpu_end)
 
 
-def test_native_records_become_rows_in_flight_first_and_labelled_in_launch_order() -> None:
-    ops, recorder = _FakeOps(), _FakeRecorder()
+def test_native_records_become_rows_in_flight_first_and_labelled_by_their_bucket(
+    tmp_path: Path,
+) -> None:
+    ops, recorder = _FakeOps(), _FakeRecorder(tmp_path)
     native = type(
         "N",
         (),
         {"ops": ops, "take_buckets": ops.take, "dtype_name": staticmethod(lambda c: "float32")},
     )()
     watch = NativeBuckets(recorder, native)  # type: ignore[arg-type]
-    watch.names[0], watch._buckets[0] = "0", [-2, 0]
-    # tick 1: bucket 0 of backward pass 5 done, bucket 1 still in flight
-    ops.done, ops.pending_rows = [_row(0, 0, 5, end=2000)], [_row(1, 1, 5)]
+    watch.names[0] = "0"
+    # tick 1: bucket 0 done, bucket 1 still in flight
+    ops.done, ops.pending_rows = [_row(0, 0, 0, end=2000)], [_row(1, 1, 1)]
     watch.sync()
-    assert recorder.out == [(7, "0", 0, "all_reduce", 64, "float32", None, 1000, 2000, True,
-                             "ddp.bucket0")]  # fmt: skip
+    assert recorder.rows() == [(7, "0", 0, "all_reduce", 64, "float32", None, 1000, 2000, True,
+                                "ddp.bucket0")]  # fmt: skip
     assert recorder.inflight == {
         -2: (7, "0", 1, "all_reduce", 64, "float32", None, 1001, True, "ddp.bucket1")
     }
-    # tick 2: it completes with an error; the next backward pass starts counting again, and
-    # the integer map of used parameters is labelled apart
-    ops.done = [_row(1, 1, 5, end=3000, error=1), _row(2, 2, 6, end=3500),
-                _row(3, 3, 6, floating=0, end=3600)]  # fmt: skip
+    # tick 2: it completes with an error; the next backward pass's bucket 0, and the integer
+    # map of used parameters (no bucket)
+    ops.done = [_row(1, 1, 1, end=3000, error=1), _row(2, 2, 0, end=3500),
+                _row(3, 3, -1, end=3600)]  # fmt: skip
     ops.pending_rows = []
     watch.sync()
-    assert [(r[2], r[8], r[10]) for r in recorder.out[1:]] == [
+    assert [(r[2], r[8], r[10]) for r in recorder.rows()[1:]] == [
         (1, 3000, "ddp.bucket1;error"),
         (2, 3500, "ddp.bucket0"),
         (3, 3600, "ddp.used_parameters"),
     ]
-    assert recorder.inflight == {} and watch._labels == {}
+    assert recorder.inflight == {}
     # a failure the library reports switches the recording off, once
     ops.failure = "reading the call: boom"
     watch.sync()
@@ -360,8 +379,8 @@ def test_the_kernel_is_built_at_its_first_use_and_a_failed_build_is_not_tried_ag
     assert capsys.readouterr().err == "" and tries == [1, 1]
 
 
-def test_native_buckets_timed_on_the_gpu_become_gpu_spans_rows() -> None:
-    ops, recorder = _FakeOps(), _FakeRecorder()
+def test_native_buckets_timed_on_the_gpu_become_gpu_spans_rows(tmp_path: Path) -> None:
+    ops, recorder = _FakeOps(), _FakeRecorder(tmp_path)
     recorder.gpu_timer = SimpleNamespace(timed=0, dropped_native=0, anchor_error_ns=10)
     native = type(
         "N",
@@ -369,12 +388,12 @@ def test_native_buckets_timed_on_the_gpu_become_gpu_spans_rows() -> None:
         {"ops": ops, "take_buckets": ops.take, "dtype_name": staticmethod(lambda c: "float32")},
     )()
     watch = NativeBuckets(recorder, native)  # type: ignore[arg-type]
-    watch.names[0], watch._buckets[0] = "0", [-2, 0]
+    watch.names[0] = "0"
     watch._gpu = 0  # as watch() sets it for a model on cuda:0
-    ops.done = [_row(0, 0, 5, end=2000, gpu=4000), _row(1, 1, 5, end=2100)]  # one not timed
+    ops.done = [_row(0, 0, 0, end=2000, gpu=4000), _row(1, 1, 1, end=2100)]  # one not timed
     watch.sync()
     assert recorder.gpu_spans == [(7, "all_reduce", "collective", "0", 0, 1000, 2000, 4000, 4500)]
-    assert [r[2] for r in recorder.out] == [0, 1]  # both are collectives rows
+    assert [r[2] for r in recorder.rows()] == [0, 1]  # both are collectives rows
     timer = recorder.gpu_timer
     assert (timer.timed, timer.dropped_native, timer.anchor_error_ns) == (1, 3, 40_000)
     assert ops.anchors == 1  # the anchor was due: renewed on the writer's tick

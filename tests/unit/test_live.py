@@ -8,6 +8,7 @@ import struct
 from pathlib import Path
 
 import msgspec
+import numpy as np
 import pytest
 
 from dtprof.errors import DtprofError
@@ -154,3 +155,61 @@ def test_a_long_list_is_converted_in_pieces_and_read_whole(
     data = live.header(COLLECTIVES) + b"".join(live.rows_frame(f, COLLECTIVES) for f in frames)
     rows, _ = live.read(_segment(tmp_path, data), COLLECTIVES)
     assert [tuple(r.values()) for r in rows.to_pylist()] == [r for f in frames for r in f]
+
+
+def test_coded_columns_come_back_as_their_values_from_frame_to_frame(tmp_path: Path) -> None:
+    """Columns given as codes into values (the native kernel's), each frame with values of
+    its own, beside listed frames of the same column; a null among the values, a bool."""
+    codes = np.array([1, 0, 1, 2], np.int32)
+    coded = [
+        live.packed(np.arange(4), "<i8"),  # step
+        live.coded(np.zeros(4, np.int32), ["0"]),  # group
+        live.packed(np.arange(4), "<i8"),  # seq
+        live.coded(codes, ["send", "all_reduce", "recv"]),  # op
+        live.packed(np.full(4, 64), "<i8"),  # bytes
+        live.coded(codes, ["int64", "float32", None]),  # dtype
+        None,  # peer
+        live.packed(np.arange(4) * 10, "<i8"),  # start_ns
+        live.packed(np.arange(4) * 10 + 5, "<i8"),  # end_ns
+        live.coded(np.array([0, 0, 1, 0], np.int32), [True, False]),  # async_op
+        live.coded(codes, ["ddp.bucket0", "ddp.bucket1", None]),  # label
+    ]
+    again = list(coded)
+    again[3] = live.coded(np.zeros(4, np.int32), ["broadcast"])
+    data = (
+        live.header(COLLECTIVES)
+        + live.frame(coded)
+        + live.rows_frame(ROWS, COLLECTIVES)
+        + live.frame(again)
+    )
+    read, _ = live.read(_segment(tmp_path, data), COLLECTIVES)
+    assert read.schema.equals(COLLECTIVES.schema)
+    first = [
+        (0, "0", 0, "all_reduce", 64, "float32", None, 0, 5, True, "ddp.bucket1"),
+        (1, "0", 1, "send", 64, "int64", None, 10, 15, True, "ddp.bucket0"),
+        (2, "0", 2, "all_reduce", 64, "float32", None, 20, 25, False, "ddp.bucket1"),
+        (3, "0", 3, "recv", 64, None, None, 30, 35, True, None),
+    ]
+    last = [(*row[:3], "broadcast", *row[4:]) for row in first]
+    assert [tuple(r.values()) for r in read.to_pylist()] == first + ROWS + last
+
+
+@pytest.mark.parametrize(
+    ("column", "message"),
+    [
+        ({"codes": struct.pack("<i", 2), "values": ["a", "b"]}, "values do not match"),
+        ({"codes": struct.pack("<i", -1), "values": ["a"]}, "values do not match"),
+        ({"codes": b"\0" * 3, "values": ["a"]}, "not a set of equally long columns"),
+        ({"codes": struct.pack("<2i", 0, 0), "values": ["a"]}, "not a set of equally long"),
+        ({"codes": [0], "values": ["a"]}, "not a set of equally long columns"),
+        ({"codes": struct.pack("<i", 0), "values": "a"}, "not a set of equally long columns"),
+        ({"codes": struct.pack("<i", 0)}, "not a set of equally long columns"),
+    ],
+)
+def test_a_bad_coded_column_is_named_in_one_line(
+    tmp_path: Path, column: dict[str, object], message: str
+) -> None:
+    data = live.header(SCALARS) + live.frame([[0], column, [1.0]])
+    path = _segment(tmp_path, data)
+    with pytest.raises(DtprofError, match=f"^{path}: .*{message}"):
+        live.read(path, SCALARS)

@@ -168,8 +168,8 @@ def test_backward_passes_reach_the_trace_while_it_records(tmp_path: Path, kernel
 
 def test_a_native_ring_is_read_in_order_and_its_losses_counted() -> None:
     """A ring the C++ kernel writes (the count written, then rows of ``width`` numbers), read as
-    Python reads it: the columns of what came since the last read, oldest first, around the
-    ring's end; what was written over before it was read is counted, not made up."""
+    Python reads it: the rows that came since the last read, oldest first, around the ring's
+    end; what was written over before it was read is counted, not made up."""
     size = 64
     memory = (ctypes.c_int64 * (1 + 3 * size))()
     ring = Ring(ctypes.addressof(memory), lambda: memory[0], width=3, size=size)
@@ -181,16 +181,16 @@ def test_a_native_ring_is_read_in_order_and_its_losses_counted() -> None:
             memory[at], memory[at + 1], memory[at + 2] = i // 2, 100 * i, 100 * i + 50
             memory[0] = i + 1
 
-    assert ring.take() == []
+    assert ring.take().shape == (0, 3)
     write(3)
-    assert ring.take() == [[0, 0, 1], [0, 100, 200], [50, 150, 250]]
-    assert ring.take() == []  # nothing new
+    assert ring.take().tolist() == [[0, 0, 50], [0, 100, 150], [1, 200, 250]]
+    assert ring.take().shape == (0, 3)  # nothing new
     write(size - 5)  # up to two short of the end
     ring.take()
     write(4)  # two rows at the end, two from the start again
-    assert ring.take()[1] == [100 * i for i in range(size - 2, size + 2)]
+    assert ring.take()[:, 1].tolist() == [100 * i for i in range(size - 2, size + 2)]
     write(size + 10)  # Python fell behind by more than the ring holds
-    starts = ring.take()[1]
+    starts = ring.take()[:, 1].tolist()
     assert ring.lost == 11  # the oldest slot left may be the one being written: not read
     assert starts == [100 * i for i in range(size + 2 + 11, 2 * size + 12)]
 
@@ -719,10 +719,10 @@ def test_a_full_disk_stops_recording_with_one_warning_and_training_goes_on(
             prof._tick()  # as the writer thread does: the native kernel's rows taken
             prof.writer.flush()  # two steps safely on disk
 
-            def disk_full(self: object, batch: object) -> None:
+            def disk_full(self: object, frame: bytes, rows: int) -> None:
                 raise OSError(28, "No space left on device")
 
-            monkeypatch.setattr("dtprof.record.writer._Segment.append", disk_full)
+            monkeypatch.setattr("dtprof.record.writer._Segment.append_frame", disk_full)
             _train(prof, model, opt, steps=3)
             prof.writer.flush()
             _train(prof, model, opt, steps=3)  # hooks are off now: nothing more is queued

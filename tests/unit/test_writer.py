@@ -6,11 +6,13 @@ import os
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from dtprof.record.writer import DtprofWarning, TraceWriter
+from dtprof.trace import live
 from dtprof.trace.reader import read_table
 from dtprof.trace.schema import KERNELS, STEPS
 
@@ -112,10 +114,10 @@ def test_a_write_failure_stops_recording_once_without_raising(
     w.flush()
     fd = w._segments["steps"]._fd
 
-    def disk_full(self: object, batch: object) -> None:
+    def disk_full(self: object, frame: bytes, rows: int) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("dtprof.record.writer._Segment.append", disk_full)
+    monkeypatch.setattr("dtprof.record.writer._Segment.append_frame", disk_full)
     _steps(w, 2, 2)
     w.flush()
     with pytest.raises(OSError):
@@ -133,8 +135,8 @@ def test_without_a_failure_callback_a_failure_is_one_warning(
 ) -> None:
     w = TraceWriter(tmp_path)
     monkeypatch.setattr(
-        "dtprof.record.writer._Segment.append",
-        lambda self, batch: (_ for _ in ()).throw(OSError("disk gone")),
+        "dtprof.record.writer._Segment.append_frame",
+        lambda self, frame, rows: (_ for _ in ()).throw(OSError("disk gone")),
     )
     _steps(w, 0, 1)
     with warnings.catch_warnings(record=True) as caught:
@@ -145,3 +147,23 @@ def test_without_a_failure_callback_a_failure_is_one_warning(
     assert [str(c.message) for c in caught if c.category is DtprofWarning] == [
         "dtprof: trace writing stopped: disk gone"
     ]
+
+
+def test_columns_added_as_they_are_are_written_before_the_rows_and_sealed_alike(
+    tmp_path: Path,
+) -> None:
+    """What arrives as columns (the native kernel's rings) is one frame per set, ahead of the
+    rows queued beside it; the seal makes of both one Parquet of the table's types."""
+    w = TraceWriter(tmp_path)
+    _steps(w, 2, 2)
+    steps = np.array([0, 1])
+    w.add_columns("steps", 2, [live.packed(c, "<i8") for c in (steps, steps * 10, steps * 10 + 5)])
+    w.add_columns("steps", 0, [])  # nothing: no frame
+    w.flush()
+    assert w.batches_written == 2 and not w.column_sets["steps"]
+    assert read_table(tmp_path, STEPS).column("step").to_pylist() == [0, 1, 2, 3]
+    w.close()
+    (part,) = (tmp_path / "steps").iterdir()
+    sealed = pq.read_table(part)
+    assert sealed.schema.equals(STEPS.schema)
+    assert sealed.column("start_ns").to_pylist() == [0, 10, 2000, 3000]

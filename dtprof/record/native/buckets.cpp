@@ -75,7 +75,9 @@ struct Shared {
 };
 
 struct Record {
-  int64_t id, slot, seq, step, start_ns, end_ns, nbytes, dtype, floating, task, error;
+  int64_t id, slot, seq, step, start_ns, end_ns, nbytes, dtype, floating;
+  int64_t bucket;  // its index within its backward pass; -1: DDP's map of used parameters
+  int64_t error;
   int64_t gpu_start_ns, gpu_end_ns;  // -1: not timed on the GPU
 };
 
@@ -108,6 +110,8 @@ std::vector<Anchor> anchors;  // by host time
 int64_t gpu_dropped = 0;
 std::array<std::atomic<bool>, kSlots> nccl_timed{};  // per slot: NCCL times its operations
 std::array<int64_t, kSlots> nccl_last_end{};  // per slot: the GPU end of its last timed one
+std::array<int64_t, kSlots> last_task{};  // per slot: the backward pass of its last bucket
+std::array<int64_t, kSlots> next_bucket{};  // per slot: the index its next bucket gets
 
 c10::Stream current_stream(c10::Device device) {
   c10::impl::VirtualGuardImpl impl(device.type());
@@ -205,11 +209,26 @@ void completed(int64_t id, bool error, std::optional<c10::Device> gpu) {
   inflight.erase(it);
 }
 
+// A record's id and bucket index, in launch order (holding mu): DDP launches a backward
+// pass's buckets (autograd graph task `task`) in index order, from 0; a call that is not
+// floating-point is DDP's map of used parameters, no bucket.
+void number(Record& rec, int64_t task) {
+  rec.id = next_id++;
+  rec.bucket = -1;
+  if (rec.floating) {
+    if (task != last_task[rec.slot]) {
+      last_task[rec.slot] = task;
+      next_bucket[rec.slot] = 0;
+    }
+    rec.bucket = next_bucket[rec.slot]++;
+  }
+}
+
 // A record whose operation ends now, with no callback to wait for, into `done`.
-void done_now(Record& rec) {
+void done_now(Record& rec, int64_t task) {
   rec.end_ns = now_ns();
   std::lock_guard<std::mutex> guard(mu);
-  rec.id = next_id++;
+  number(rec, task);
   done.push_back(rec);
 }
 
@@ -218,6 +237,7 @@ void done_now(Record& rec) {
 void kernel(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
   const int64_t start = now_ns();
   Record rec{};
+  int64_t task = -1;  // the autograd graph task (backward pass) launching it
   int64_t slot = -1;
   std::optional<c10::Device> gpu;  // the device of a call timed on the GPU
   std::optional<c10::Device> cuda;  // the device of a call on CUDA tensors
@@ -238,7 +258,7 @@ void kernel(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit:
           rec.nbytes = nbytes;
           rec.dtype = static_cast<int64_t>(first.scalar_type());
           rec.floating = (first.is_floating_point() || first.is_complex()) ? 1 : 0;
-          rec.task = torch::autograd::get_current_graph_task_id();
+          task = torch::autograd::get_current_graph_task_id();
           rec.slot = slot;
           rec.step = shared.step;
           rec.seq = shared.seq[slot]++;
@@ -266,13 +286,13 @@ void kernel(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit:
     op.redispatchBoxed(keys & c10::after_autograd_keyset, stack);
   } catch (...) {  // the operation's own error: recorded as one, then passed on
     rec.error = 1;
-    done_now(rec);
+    done_now(rec, task);
     throw;
   }
   try {
     auto work = stack->back().toCustomClass<c10d::Work>();
     if (cuda && capturing(current_stream(*cuda))) {  // captured, not run: no event, no callback
-      done_now(rec);
+      done_now(rec, task);
       return;
     }
     std::optional<c10::Event> start_event;
@@ -288,7 +308,8 @@ void kernel(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit:
     int64_t id = 0;
     {
       std::lock_guard<std::mutex> guard(mu);
-      id = rec.id = next_id++;
+      number(rec, task);
+      id = rec.id;
       inflight.emplace(id, rec);
       if (start_event) {
         if (timed.size() < kMaxTimed) {
@@ -518,6 +539,8 @@ int64_t watch(const c10::intrusive_ptr<c10d::ProcessGroup>& group) {
   }
   TORCH_CHECK(n < kSlots, "dtprof_native: more than ", kSlots, " process groups watched");
   watched.push_back(group);
+  last_task[n] = -2;  // no backward pass's: the first bucket is 0
+  next_bucket[n] = 0;
   n_watched.store(n + 1);
   return n;
 }
@@ -535,9 +558,16 @@ void uninstall() {
   watched.clear();  // the groups' references
 }
 
+static_assert(sizeof(Record) == kFields * sizeof(int64_t), "Record is kFields int64s");
+
+// the records' fields as bytes, kFields int64s a record (a new reference)
+PyObject* as_bytes(const std::vector<Record>& records) {
+  const auto size = static_cast<Py_ssize_t>(records.size() * sizeof(Record));
+  return PyBytes_FromStringAndSize(reinterpret_cast<const char*>(records.data()), size);
+}
+
 // a list of tuples, one per record (a new reference; nullptr with a Python error set)
 PyObject* as_rows(const std::vector<Record>& records) {
-  static_assert(sizeof(Record) == kFields * sizeof(int64_t), "Record is kFields int64s");
   PyObject* rows = PyList_New(static_cast<Py_ssize_t>(records.size()));
   for (size_t i = 0; rows != nullptr && i < records.size(); ++i) {
     const auto* field = reinterpret_cast<const int64_t*>(&records[i]);
@@ -560,8 +590,8 @@ PyObject* as_rows(const std::vector<Record>& records) {
 }
 
 // take_buckets() -> (failure, done, in_flight): the library's failure ("" if none), the
-// records completed since the last take and those still in flight (tuples of the Record's
-// fields, in its order). A record timed on the GPU is complete once the GPU has passed it.
+// records completed since the last take (bytes: kFields native int64s a record, in Record's
+// order, for numpy) and those still in flight (tuples of the Record's fields, in its order). A record timed on the GPU is complete once the GPU has passed it.
 // Holds mu while it copies, never while it makes Python objects; nothing that holds mu waits
 // for the GIL.
 PyObject* take_buckets(PyObject* /*self*/, PyObject* /*unused*/) {
@@ -586,7 +616,7 @@ PyObject* take_buckets(PyObject* /*self*/, PyObject* /*unused*/) {
   }
   const auto length = static_cast<Py_ssize_t>(why.size());
   PyObject* text = PyUnicode_DecodeUTF8(why.data(), length, "replace");
-  PyObject* done_rows = text != nullptr ? as_rows(taken) : nullptr;
+  PyObject* done_rows = text != nullptr ? as_bytes(taken) : nullptr;
   PyObject* flight_rows = done_rows != nullptr ? as_rows(in_flight) : nullptr;
   if (flight_rows == nullptr) {
     Py_XDECREF(text);

@@ -45,10 +45,10 @@ def main() -> None:
                 prof.writer.flush()  # what came before is on disk
                 if mode == "disk":
 
-                    def full(self: object, batch: object) -> None:
+                    def full(self: object, frame: bytes, rows: int) -> None:
                         raise OSError(errno.ENOSPC, "No space left on device")
 
-                    writer._Segment.append = full  # type: ignore[method-assign]
+                    writer._Segment.append_frame = full  # type: ignore[method-assign]
                 else:
 
                     def broken(*args: object, **kwargs: object) -> object:
