@@ -174,7 +174,7 @@ class TraceWriter:
         now = time.monotonic()
         for name, buf in self.buffers.items():
             sets = self.column_sets[name]
-            while sets:  # first: where both hold a table's rows, these were queued first
+            while sets:  # first: a profile whose kernel failed goes on in Python after it
                 rows, columns = sets.popleft()
                 self._segment(name).append_frame(live.frame(columns), rows)
                 self.batches_written += 1
