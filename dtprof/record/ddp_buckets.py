@@ -117,11 +117,16 @@ def bucket_label(count: list[int], floating: bool, task: int) -> str:
     ``task``; ``count`` is the group's [graph task of the last bucket, next index], updated),
     the integer map of used parameters ``ddp.used_parameters``."""
     if not floating:
-        return "ddp.used_parameters"
+        return bucket_name(-1)
     if task != count[0]:
         count[0], count[1] = task, 0
     count[1] += 1
-    return f"ddp.bucket{count[1] - 1}"
+    return bucket_name(count[1] - 1)
+
+
+def bucket_name(bucket: int) -> str:
+    """A call's label from its bucket's index (-1: DDP's map of used parameters)."""
+    return f"ddp.bucket{bucket}" if bucket >= 0 else "ddp.used_parameters"
 
 
 def on_cuda(model: torch.nn.Module) -> bool:
@@ -279,11 +284,6 @@ FIELDS = 13
 ID, SLOT, SEQ, STEP, START, END, NBYTES, DTYPE, FLOATING, BUCKET, ERROR, GPU_START, GPU_END = range(
     FIELDS
 )
-
-
-def bucket_name(bucket: int) -> str:
-    """A call's label from the kernel's bucket index (-1: DDP's map of used parameters)."""
-    return f"ddp.bucket{bucket}" if bucket >= 0 else "ddp.used_parameters"
 
 
 def _labels(buckets: np.ndarray, errors: np.ndarray) -> dict[str, Any]:

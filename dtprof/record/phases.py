@@ -539,8 +539,8 @@ class Ring:
     ``width`` 64-bit integers, row i at i % size; read in slices."""
 
     def __init__(self, address: int, written: Any, width: int, size: int) -> None:
-        self.rows = np.frombuffer(int64s(address, 1 + width * size), np.int64)[1:]
-        self.rows = self.rows.reshape(size, width)
+        memory = np.frombuffer(int64s(address, 1 + width * size), np.int64)
+        self.rows = memory[1:].reshape(size, width)
         self.written = written  # the count, after which the rows below it are whole
         self.width, self.size = width, size
         self.read = written()  # the rows written before this profile are not its own
