@@ -39,6 +39,7 @@ import torch.distributed.distributed_c10d as c10d
 
 from dtprof.record import comms
 from dtprof.record.gpu_timing import ANCHOR_EVERY_S
+from dtprof.record.native import FIELDS
 from dtprof.trace import live
 
 if TYPE_CHECKING:
@@ -218,7 +219,7 @@ class NativeBuckets:
                 rec.inflight[key] = self._in_flight(row)
             rec.prof.writer.add_columns("collectives", len(done), self._columns(done))
             if self._gpu is not None:
-                self._gpu_rows(done[done[:, GPU_START] >= 0].tolist())
+                self._gpu_rows(done)
         except Exception as exc:
             self.enabled = False
             with contextlib.suppress(Exception):
@@ -233,22 +234,20 @@ class NativeBuckets:
         if timer is not None:
             timer.anchor_error_ns = max(timer.anchor_error_ns, error)
 
-    def _gpu_rows(self, done: list[tuple[int, ...]]) -> None:
+    def _gpu_rows(self, done: np.ndarray) -> None:
         """The GPU's times of the drained buckets that have them, into gpu_spans."""
         prof = self.recorder.prof
-        timed = 0
-        for row in done:
+        timed = done[done[:, GPU_START] >= 0].tolist()
+        for row in timed:
             _rid, slot, seq, step, start, end = row[:6]
-            gpu_start, gpu_end = row[11:13]
-            if gpu_start >= 0:
-                name = self.names[slot]
-                prof.gpu_spans.append(
-                    (step, "all_reduce", "collective", name, seq, start, end, gpu_start, gpu_end)
-                )
-                timed += 1
+            gpu_start, gpu_end = row[GPU_START], row[GPU_END]
+            name = self.names[slot]
+            prof.gpu_spans.append(
+                (step, "all_reduce", "collective", name, seq, start, end, gpu_start, gpu_end)
+            )
         timer = prof.gpu_timer
         if timer is not None:
-            timer.timed += timed
+            timer.timed += len(timed)
             timer.dropped_native = int(self.ops.gpu_dropped())
 
     def _columns(self, done: np.ndarray) -> list[Any]:
@@ -261,13 +260,13 @@ class NativeBuckets:
             live.packed(done[:, STEP], "<i8"),
             live.coded(slots, groups),
             live.packed(done[:, SEQ], "<i8"),
-            live.coded(np.zeros(n, np.int32), ["all_reduce"]),
+            live.constant(n, "all_reduce"),
             live.packed(done[:, NBYTES], "<i8"),
             live.coded(dtype_codes, [self.native.dtype_name(int(d)) for d in dtypes]),
             None,  # peer
             live.packed(done[:, START], "<i8"),
             live.packed(done[:, END], "<i8"),
-            live.coded(np.zeros(n, np.int32), [True]),  # async_op
+            live.constant(n, True),  # async_op
             _labels(done[:, BUCKET], done[:, ERROR]),
         ]
 
@@ -280,7 +279,6 @@ class NativeBuckets:
 
 
 # a record's fields (buckets.cpp's Record), by column
-FIELDS = 13
 ID, SLOT, SEQ, STEP, START, END, NBYTES, DTYPE, FLOATING, BUCKET, ERROR, GPU_START, GPU_END = range(
     FIELDS
 )

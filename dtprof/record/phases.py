@@ -503,7 +503,7 @@ class NativePhases:
             add("steps", len(steps), [live.packed(steps[:, i], "<i8") for i in range(3)])
             rss = self.rss.take()
             n = len(rss)
-            metric = live.coded(np.zeros(n, np.int32), [RSS_METRIC])
+            metric = live.constant(n, RSS_METRIC)
             sizes = live.packed(rss[:, 2], "<f8")
             add(
                 "samples",
@@ -518,7 +518,7 @@ class NativePhases:
                 [
                     live.packed(spans[:, 0], "<i8"),  # step
                     live.coded(spans[:, 1], PHASES),  # name
-                    live.coded(np.zeros(n, np.int32), ["phase"]),  # kind
+                    live.constant(n, "phase"),  # kind
                     live.packed(spans[:, 2], "<i8"),  # start_ns
                     live.packed(spans[:, 3], "<i8"),  # end_ns
                     live.packed(np.zeros(n, np.int16), "<i2"),  # depth
@@ -542,7 +542,7 @@ class Ring:
         memory = np.frombuffer(int64s(address, 1 + width * size), np.int64)
         self.rows = memory[1:].reshape(size, width)
         self.written = written  # the count, after which the rows below it are whole
-        self.width, self.size = width, size
+        self.size = size
         self.read = written()  # the rows written before this profile are not its own
         self.lost = 0  # rows overwritten before they were read
 

@@ -142,6 +142,11 @@ def coded(codes: np.ndarray, values: list[Any]) -> dict[str, Any]:
     return {"codes": packed(codes, "<i4"), "values": values}
 
 
+def constant(rows: int, value: Any) -> dict[str, Any]:
+    """A column of a frame whose ``rows`` values are all ``value``."""
+    return coded(np.zeros(rows, np.int32), [value])
+
+
 def frame(payload: Any) -> bytes:
     data = _encode(payload)
     return _LENGTH.pack(len(data)) + data
