@@ -326,12 +326,12 @@ def faulty_hooks(args: argparse.Namespace) -> None:
 
     log_counts = phases.StepWork._log_counts
 
-    def counts_from_step_3_raise(work: phases.StepWork, rows: list[tuple[int, int, int]]) -> None:
-        # the steps' samples logged: at each step's end in Python, at the writer's ticks where
-        # the native kernel times the phases (and at the end: whichever logs step 3 raises)
-        if any(step >= 3 for step, _, _ in rows):
+    def counts_from_step_3_raise(work: phases.StepWork, counts: Any) -> None:
+        # the steps' samples logged at the writer's ticks (and at the end: whichever logs
+        # step 3 raises)
+        if (counts[:, 0] >= 3).any():
             raise ValueError("injected fault")
-        log_counts(work, rows)
+        log_counts(work, counts)
 
     phases.StepWork._log_counts = counts_from_step_3_raise  # type: ignore[method-assign,assignment]
     # about two buckets per step

@@ -255,14 +255,17 @@ class NativeBuckets:
         n = len(done)
         slots = done[:, SLOT]
         groups = [self.names.get(slot) for slot in range(int(slots.max(initial=0)) + 1)]
-        dtypes, dtype_codes = np.unique(done[:, DTYPE], return_inverse=True)
+        dtypes = done[:, DTYPE]  # torch's numbers of dtypes: the codes, with a name for each seen
+        dtype_names: list[str | None] = [None] * (int(dtypes.max(initial=-1)) + 1)
+        for dtype in np.flatnonzero(np.bincount(dtypes)):
+            dtype_names[dtype] = self.native.dtype_name(int(dtype))
         return [
             live.packed(done[:, STEP], "<i8"),
             live.coded(slots, groups),
             live.packed(done[:, SEQ], "<i8"),
             live.constant(n, "all_reduce"),
             live.packed(done[:, NBYTES], "<i8"),
-            live.coded(dtype_codes, [self.native.dtype_name(int(d)) for d in dtypes]),
+            live.coded(dtypes, dtype_names),
             None,  # peer
             live.packed(done[:, START], "<i8"),
             live.packed(done[:, END], "<i8"),

@@ -160,26 +160,26 @@ class PhaseHooks:
             release_forward(timed)
         self._timed_forwards.clear()
         self.work.close()
+        self.take_ended()
         native = self.native
-        if native is not None:
-            self.take_native()
-            if native.lost:
-                self.prof.note_meta(
-                    phase_timing=f"native ({native.lost} rows lost: more than "
-                    f"{native.RING - 1} spans or steps between two of the writer's ticks)"
-                )
+        if native is not None and native.lost:
+            self.prof.note_meta(
+                phase_timing=f"native ({native.lost} rows lost: more than "
+                f"{native.RING - 1} spans or steps between two of the writer's ticks)"
+            )
 
-    def take_native(self) -> None:
-        """What the native kernel wrote since the last take, into the trace: its spans, and the
-        steps' counts (StepWork logs them). On the writer thread at each tick, and at the
-        end."""
+    def take_ended(self) -> None:
+        """What the steps that ended since the last take left for the trace: the native
+        kernel's spans and steps, and the steps' counts (StepWork logs them). On the writer
+        thread at each tick, and at the end."""
         native = self.native
-        if native is not None:
-            counted = native.take(self.prof)
-            try:
-                self.work.steps_counted(counted)
-            except Exception as exc:
-                self.prof.hook_failed("phases", exc)
+        try:
+            if native is not None:
+                self.work.steps_counted(native.take(self.prof))
+            else:
+                self.work.log_ended()
+        except Exception as exc:
+            self.prof.hook_failed("phases", exc)
 
     def _step_ends(self, step: int, data_from_ns: int) -> None:
         """step_ends in Python: the step's work logged (StepWork), the next one's data phase."""
@@ -492,10 +492,10 @@ class NativePhases:
             self._lib.dtprof_optimizer_post_hook()
         )
 
-    def take(self, prof: Profiler) -> list[tuple[int, int, int]]:
+    def take(self, prof: Profiler) -> np.ndarray:
         """The spans, the steps and the RSS readings written since the last take, into
         ``prof``'s trace as columns, straight from the rings' numbers (a Python object a value
-        cost the writer about 1 µs a row); the steps' counts written since, as (step,
+        cost the writer about 1 µs a row); the steps' counts written since, rows of (step,
         samples, tokens)."""
         add = prof.writer.add_columns
         with self._lock:
@@ -526,7 +526,7 @@ class NativePhases:
                     None,  # microbatch
                 ],
             )
-            return [tuple(row) for row in self.counts.take().tolist()]
+            return self.counts.take()
 
     @property
     def lost(self) -> int:

@@ -556,7 +556,7 @@ class Profiler:
             return
         try:
             if "phases" in self._removers:
-                self.phases.take_native()
+                self.phases.take_ended()
             with gpu_timing.relaxed_capture_mode():  # never breaks a graph the user captures
                 self.comms.sync_native()
                 self._drain_gpu_timer()

@@ -25,11 +25,14 @@ once.
 from __future__ import annotations
 
 import re
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from dtprof.record.native import PHASE_FIELDS, SAMPLES, SEEN, TOKENS, WORK_IN_PYTHON
+from dtprof.trace import live
 from dtprof.trace.meta import ModelFlops
 
 if TYPE_CHECKING:
@@ -82,11 +85,12 @@ class StepWork:
     every pass comes here): the native kernel's numbers where it times the phases, which it adds
     to itself for the passes whose input is a plain tensor once the FLOPs' step is over, else
     Python's own. At a step's end the kernel writes them into its ring, and the writer's tick
-    hands them to steps_counted(); in Python, step_ends() logs them."""
+    hands them to steps_counted(); in Python, step_ends() keeps them and the tick's
+    log_ended() logs them."""
 
     def __init__(self, prof: Profiler, native_counts: Any = None) -> None:
         self.prof = prof
-        self.scalars = prof.scalars
+        self.ended: deque[tuple[int, int, int]] = deque()  # step_ends' counts, until logged
         self.counts = native_counts if native_counts is not None else [0] * PHASE_FIELDS
         self.counts[SAMPLES] = self.counts[TOKENS] = self.counts[SEEN] = 0
         self.counts[WORK_IN_PYTHON] = 1
@@ -152,39 +156,63 @@ class StepWork:
         self.counts[WORK_IN_PYTHON] = 0
 
     def step_ends(self, step: int) -> None:
-        """A step's end, where Python times the phases: its counts logged, the FLOPs noted once
-        the step they were counted in has ended. A failure is the caller's to say
-        (PhaseHooks.step_ends); the counts start again from zero either way."""
+        """A step's end, where Python times the phases: its counts kept for the writer's tick
+        to log (log_ended), the FLOPs noted once the step they were counted in has ended. A
+        failure is the caller's to say (PhaseHooks.step_ends); the counts start again from
+        zero either way."""
         counts = self.counts
         seen, samples, tokens = counts[SEEN], counts[SAMPLES], counts[TOKENS]
         counts[SEEN] = counts[SAMPLES] = counts[TOKENS] = 0
         if self.counter is not None:  # a forward pass that raised without its end
             self.forward_ends()
-        self._log_counts([(step, samples, tokens)] if seen else [])
+        if seen:
+            if step == self.count_step:
+                self.count_work = (samples, tokens)
+            self.ended.append((step, samples, tokens))
         self._note_flops_once(step)
 
-    def steps_counted(self, rows: list[tuple[int, int, int]]) -> None:
-        """The counts of steps that have ended, as the native kernel wrote them: logged; the
-        FLOPs noted once the step they were counted in has ended. On the writer thread at each
-        tick, and at the profile's end."""
-        self._log_counts(rows)
+    def log_ended(self) -> None:
+        """The counts step_ends kept, logged (the writer's tick, and the profile's end)."""
+        ended = self.ended
+        rows = [ended.popleft() for _ in range(len(ended))]
+        if rows:
+            self._log_counts(np.array(rows, np.int64))
+
+    def steps_counted(self, counts: np.ndarray) -> None:
+        """The counts of steps that have ended, rows of (step, samples, tokens) as the native
+        kernel wrote them: logged; the FLOPs noted once the step they were counted in has
+        ended. On the writer thread at each tick, and at the profile's end."""
+        if self.count_work is None and self.count_step is not None:
+            found = counts[counts[:, 0] == self.count_step]
+            if len(found):
+                self.count_work = (int(found[0, 1]), int(found[0, 2]))
+        self._log_counts(counts)
         # the kernel writes a step's counts before its number moves on (Profiler.step)
         self._note_flops_once(self.prof.step_index - 1)
 
-    def _log_counts(self, rows: list[tuple[int, int, int]]) -> None:
-        """Log steps' (step, samples, tokens), unless the script logs its own from a step on."""
-        if not rows:
-            return
-        for step, samples, tokens in rows:
-            if step == self.count_step:
-                self.count_work = (samples, tokens)
-        if not self._first_stage():
+    def _log_counts(self, counts: np.ndarray) -> None:
+        """Log steps' counts, rows of (step, samples, tokens), as columns of the scalars table
+        (no Python object a row), unless the script logs its own from a step on."""
+        if not len(counts) or not self._first_stage():
             return
         logged = self.prof.logged_work  # name -> the first step the script logged it at
-        until = logged.get("samples", rows[-1][0] + 1)
-        self.scalars.extend((s, "samples", float(n)) for s, n, _ in rows if s < until)
-        until = logged.get("tokens", rows[-1][0] + 1)
-        self.scalars.extend((s, "tokens", float(t)) for s, _, t in rows if t and s < until)
+        until = logged.get("samples")
+        samples = counts if until is None else counts[counts[:, 0] < until]
+        tokens = counts[counts[:, 2] != 0]
+        until = logged.get("tokens")
+        if until is not None:
+            tokens = tokens[tokens[:, 0] < until]
+        for name, rows, column in (("samples", samples, 1), ("tokens", tokens, 2)):
+            if len(rows):
+                self.prof.writer.add_columns(
+                    "scalars",
+                    len(rows),
+                    [
+                        live.packed(rows[:, 0], "<i8"),
+                        live.constant(len(rows), name),
+                        live.packed(rows[:, column], "<f8"),
+                    ],
+                )
 
     def _note_flops_once(self, last_ended: int) -> None:
         """Note the FLOPs, once the step they were counted in has ended (``last_ended``: the
