@@ -298,12 +298,16 @@ def unwatch_first_steps() -> None:
 
 
 def _on(event: str, *args: Any) -> None:
-    """Tell the current session what the script did; never raises. (It runs a few times a step,
-    right after torch's kernels, where each Python frame costs a microsecond or two: no lambda
-    between it and the session's method.)"""
+    """Tell the current session what the script did; never raises: a failure stops recording
+    (guarded's way, written out: it runs a few times a step, right after torch's kernels, where
+    each Python frame costs a microsecond or two, so nothing stands between it and the
+    session's method)."""
     session = _session
     if session is not None and not session.over:
-        guarded(getattr(session, event), *args)
+        try:
+            getattr(session, event)(*args)
+        except Exception as exc:
+            _stop(exc)
 
 
 def _watch() -> None:
