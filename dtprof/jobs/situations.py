@@ -336,15 +336,15 @@ def faulty_hooks(args: argparse.Namespace) -> None:
     phases.StepWork._log_counts = counts_from_step_3_raise  # type: ignore[method-assign,assignment]
     # about two buckets per step
     comms.CommRecorder.launched = broken(comms.CommRecorder.launched, 6)  # type: ignore[method-assign,assignment]
-    bucket_columns = ddp_buckets.NativeBuckets._columns
+    bucket_frame = ddp_buckets.NativeBuckets._frame
 
-    def buckets_from_step_3_raise(buckets: ddp_buckets.NativeBuckets, done: Any) -> list[Any]:
+    def buckets_from_step_3_raise(buckets: ddp_buckets.NativeBuckets, done: Any) -> bytes:
         # the native kernel's records become rows at the writer's ticks, all those of a tick
         if (done[:, ddp_buckets.STEP] >= 3).any():
             raise ValueError("injected fault")
-        return bucket_columns(buckets, done)
+        return bucket_frame(buckets, done)
 
-    ddp_buckets.NativeBuckets._columns = buckets_from_step_3_raise  # type: ignore[method-assign,assignment]
+    ddp_buckets.NativeBuckets._frame = buckets_from_step_3_raise  # type: ignore[method-assign,assignment]
     model, opt = _ddp(args)
     train_loop(args, model, opt)
 

@@ -217,7 +217,7 @@ class NativeBuckets:
             self._in_flight_keys = [-1 - row[0] for row in pending]
             for key, row in zip(self._in_flight_keys, pending, strict=True):
                 rec.inflight[key] = self._in_flight(row)
-            rec.prof.writer.add_columns("collectives", len(done), self._columns(done))
+            rec.prof.writer.add_frame("collectives", len(done), self._frame(done))
             if self._gpu is not None:
                 self._gpu_rows(done)
         except Exception as exc:
@@ -250,28 +250,27 @@ class NativeBuckets:
             timer.timed += len(timed)
             timer.dropped_native = int(self.ops.gpu_dropped())
 
-    def _columns(self, done: np.ndarray) -> list[Any]:
-        """Completed records (rows of FIELDS numbers) as the collectives table's columns."""
-        n = len(done)
-        slots = done[:, SLOT]
-        groups = [self.names.get(slot) for slot in range(int(slots.max(initial=0)) + 1)]
+    def _frame(self, done: np.ndarray) -> bytes:
+        """Completed records (rows of FIELDS numbers) as a frame of the collectives table."""
+        groups = [self.names.get(slot) for slot in range(int(done[:, SLOT].max(initial=0)) + 1)]
         dtypes = done[:, DTYPE]  # torch's numbers of dtypes: the codes, with a name for each seen
         dtype_names: list[str | None] = [None] * (int(dtypes.max(initial=-1)) + 1)
         for dtype in np.flatnonzero(np.bincount(dtypes)):
             dtype_names[dtype] = self.native.dtype_name(int(dtype))
-        return [
-            live.packed(done[:, STEP], "<i8"),
-            live.coded(slots, groups),
-            live.packed(done[:, SEQ], "<i8"),
-            live.constant(n, "all_reduce"),
-            live.packed(done[:, NBYTES], "<i8"),
-            live.coded(dtypes, dtype_names),
-            None,  # peer
-            live.packed(done[:, START], "<i8"),
-            live.packed(done[:, END], "<i8"),
-            live.constant(n, True),  # async_op
-            _labels(done[:, BUCKET], done[:, ERROR]),
-        ]
+        plan = live.plan(
+            live.from_rows(STEP, "<i8"),
+            live.coded_from_rows(SLOT, groups),
+            live.from_rows(SEQ, "<i8"),
+            live.constant("all_reduce"),
+            live.from_rows(NBYTES, "<i8"),
+            live.coded_from_rows(DTYPE, dtype_names),
+            live.encoded(None),  # peer
+            live.from_rows(START, "<i8"),
+            live.from_rows(END, "<i8"),
+            live.constant(True),  # async_op
+            live.encoded(_labels(done[:, BUCKET], done[:, ERROR])),
+        )
+        return self.native.frame_of(done, plan)
 
     def _in_flight(self, row: tuple[int, ...]) -> tuple[Any, ...]:
         """A record in flight as the recorder's in-flight table holds one (no end)."""

@@ -82,7 +82,7 @@ class PhaseHooks:
         self._timed_forwards: list[Any] = []  # TimedForward, or the kernel's ForwardTimer
         self.ddp_buckets = False
         self.native = self._native_phases()  # the phases timed in C++, or None
-        self.work = StepWork(prof, self.native.state if self.native is not None else None)
+        self.work = StepWork(prof, self.native)
         # step_ends(step, data_from): the profiler's call at each step's end, after which
         # ``step + 1`` is in progress, its data phase from data_from (-1: none): the kernel's
         # builtin where it times the phases (no Python frame), else Python's
@@ -419,6 +419,29 @@ def _in_backward() -> bool:
 
 PHASES = ["data", "forward", "backward", "optimizer"]  # the kernel's phase codes (Phase)
 
+# the frames the kernel's rings make, by table (dtprof.trace.live's plans): a step's row
+# (step, start, end), an RSS reading (step, time, bytes), a phase's span (step, phase, start,
+# end), as the tables hold them
+RING_PLANS = {
+    "steps": live.plan(*(live.from_rows(i, "<i8") for i in range(3))),
+    "samples": live.plan(
+        live.from_rows(0, "<i8"),
+        live.from_rows(1, "<i8"),
+        live.constant(RSS_METRIC),
+        live.from_rows(2, "<f8"),
+    ),
+    "spans": live.plan(
+        live.from_rows(0, "<i8"),  # step
+        live.coded_from_rows(1, PHASES),  # name
+        live.constant("phase"),  # kind
+        live.from_rows(2, "<i8"),  # start_ns
+        live.from_rows(3, "<i8"),  # end_ns
+        live.zeros("<i2"),  # depth
+        live.encoded(None),  # stage
+        live.encoded(None),  # microbatch
+    ),
+}
+
 
 class NativePhases:
     """The phases the native kernel times (dtprof/record/native/phases.cpp): its forward
@@ -463,6 +486,7 @@ class NativePhases:
         # number, and its data phase from data_from (-1: none)
         self.step_ends = lib.dtprof_step_ender()
         self._lib = lib
+        self.frame_of = native.frame_of  # frame_of(rows, plan): a frame of the trace
         self.state = int64s(lib.dtprof_phases_state(), PHASE_FIELDS)
         self.state[STEP] = step
         self.state[DATA_FROM] = -1
@@ -494,38 +518,19 @@ class NativePhases:
 
     def take(self, prof: Profiler) -> np.ndarray:
         """The spans, the steps and the RSS readings written since the last take, into
-        ``prof``'s trace as columns, straight from the rings' numbers (a Python object a value
-        cost the writer about 1 µs a row); the steps' counts written since, rows of (step,
-        samples, tokens)."""
-        add = prof.writer.add_columns
+        ``prof``'s trace as frames, made by the kernel straight from the rings' numbers (a
+        Python object a value cost the writer about 1 µs a row, and numpy an operation a
+        column, a few µs each); the steps' counts written since, rows of (step, samples,
+        tokens)."""
+        add, frame_of = prof.writer.add_frame, self.frame_of
         with self._lock:
-            steps = self.steps.take()
-            add("steps", len(steps), [live.packed(steps[:, i], "<i8") for i in range(3)])
-            rss = self.rss.take()
-            n = len(rss)
-            metric = live.constant(n, RSS_METRIC)
-            sizes = live.packed(rss[:, 2], "<f8")
-            add(
-                "samples",
-                n,
-                [live.packed(rss[:, 0], "<i8"), live.packed(rss[:, 1], "<i8"), metric, sizes],
-            )
-            spans = self.spans.take()
-            n = len(spans)
-            add(
-                "spans",
-                n,
-                [
-                    live.packed(spans[:, 0], "<i8"),  # step
-                    live.coded(spans[:, 1], PHASES),  # name
-                    live.constant(n, "phase"),  # kind
-                    live.packed(spans[:, 2], "<i8"),  # start_ns
-                    live.packed(spans[:, 3], "<i8"),  # end_ns
-                    live.packed(np.zeros(n, np.int16), "<i2"),  # depth
-                    None,  # stage
-                    None,  # microbatch
-                ],
-            )
+            for table, ring in (
+                ("steps", self.steps),
+                ("samples", self.rss),
+                ("spans", self.spans),
+            ):
+                rows = ring.take()
+                add(table, len(rows), frame_of(rows, RING_PLANS[table]))
             return self.counts.take()
 
     @property

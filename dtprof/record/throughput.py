@@ -36,6 +36,7 @@ from dtprof.trace import live
 from dtprof.trace.meta import ModelFlops
 
 if TYPE_CHECKING:
+    from dtprof.record.phases import NativePhases
     from dtprof.record.profiler import Profiler
 
 BY_NAME = ("input_ids", "inputs_embeds")  # Hugging Face models' inputs, by keyword
@@ -64,6 +65,12 @@ def batch_counts(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, in
 
 TOKEN_IDS = frozenset({torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8})
 
+# a step's count as a row of the scalars table, from the row (step, samples, tokens)
+COUNT_PLANS = {
+    name: live.plan(live.from_rows(0, "<i8"), live.constant(name), live.from_rows(column, "<f8"))
+    for name, column in (("samples", 1), ("tokens", 2))
+}
+
 
 def _first_tensor(items: tuple[Any, ...]) -> torch.Tensor | None:
     for item in items:
@@ -88,10 +95,11 @@ class StepWork:
     hands them to steps_counted(); in Python, step_ends() keeps them and the tick's
     log_ended() logs them."""
 
-    def __init__(self, prof: Profiler, native_counts: Any = None) -> None:
+    def __init__(self, prof: Profiler, native: NativePhases | None = None) -> None:
         self.prof = prof
         self.ended: deque[tuple[int, int, int]] = deque()  # step_ends' counts, until logged
-        self.counts = native_counts if native_counts is not None else [0] * PHASE_FIELDS
+        self.counts: Any = native.state if native is not None else [0] * PHASE_FIELDS
+        self.frame_of = native.frame_of if native is not None else live.frame_of
         self.counts[SAMPLES] = self.counts[TOKENS] = self.counts[SEEN] = 0
         self.counts[WORK_IN_PYTHON] = 1
         self.counter: Any = None  # the FlopCounterMode while it counts
@@ -191,7 +199,7 @@ class StepWork:
         self._note_flops_once(self.prof.step_index - 1)
 
     def _log_counts(self, counts: np.ndarray) -> None:
-        """Log steps' counts, rows of (step, samples, tokens), as columns of the scalars table
+        """Log steps' counts, rows of (step, samples, tokens), as frames of the scalars table
         (no Python object a row), unless the script logs its own from a step on."""
         if not len(counts) or not self._first_stage():
             return
@@ -202,17 +210,9 @@ class StepWork:
         until = logged.get("tokens")
         if until is not None:
             tokens = tokens[tokens[:, 0] < until]
-        for name, rows, column in (("samples", samples, 1), ("tokens", tokens, 2)):
-            if len(rows):
-                self.prof.writer.add_columns(
-                    "scalars",
-                    len(rows),
-                    [
-                        live.packed(rows[:, 0], "<i8"),
-                        live.constant(len(rows), name),
-                        live.packed(rows[:, column], "<f8"),
-                    ],
-                )
+        add = self.prof.writer.add_frame
+        add("scalars", len(samples), self.frame_of(samples, COUNT_PLANS["samples"]))
+        add("scalars", len(tokens), self.frame_of(tokens, COUNT_PLANS["tokens"]))
 
     def _note_flops_once(self, last_ended: int) -> None:
         """Note the FLOPs, once the step they were counted in has ended (``last_ended``: the

@@ -1,13 +1,12 @@
 """Buffered, crash-safe trace writer: hot-path appends, a background thread does the I/O.
 
-Rows are appended to per-table deques (thread-safe, ~50 ns); what arrives already as columns
-(the native kernel's rings, read at the writer's tick) is queued as it is. Every
-``flush_interval_s`` the writer thread drains them and appends frames of columns, one for a
-table's rows and one for each set of columns, to that table's open segment
-(``_live-N.msgpack``, dtprof.trace.live); the bytes reach the operating system at once, so
-they survive a SIGKILL of the process. A segment is sealed into ``part-N.parquet`` (written
-aside, then renamed into place) when it grows past ``seal_rows`` or ``seal_interval_s``, and at
-close.
+Rows are appended to per-table deques (thread-safe, ~50 ns); what arrives already as a frame
+(the native kernel's rows, made into frames at the writer's tick) is queued as it is. Every
+``flush_interval_s`` the writer thread drains them: a table's queued frames and a frame of its
+rows go to its open segment (``_live-N.msgpack``, dtprof.trace.live) in one write; the bytes
+reach the operating system at once, so they survive a SIGKILL of the process. A segment is
+sealed into ``part-N.parquet`` (written aside, then renamed into place) when it grows past
+``seal_rows`` or ``seal_interval_s``, and at close.
 """
 
 from __future__ import annotations
@@ -55,11 +54,9 @@ class _Segment:
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         live.write_all(self._fd, live.header(table))
 
-    def append(self, rows: list[tuple[Any, ...]]) -> None:
-        self.append_frame(live.rows_frame(rows, self.table), len(rows))
-
-    def append_frame(self, frame: bytes, rows: int) -> None:
-        live.write_all(self._fd, frame)
+    def append_frames(self, frames: bytes, rows: int) -> None:
+        """Frames of ``rows`` rows in all, in one write."""
+        live.write_all(self._fd, frames)
         self.rows += rows
 
     def abandon(self) -> None:
@@ -96,8 +93,8 @@ class TraceWriter:
         self.buffers: dict[str, collections.deque[tuple[Any, ...]]] = {
             name: collections.deque() for name in TABLES
         }
-        # table -> (rows, columns) queued by add_columns, each written as a frame of its own
-        self.column_sets: dict[str, collections.deque[tuple[int, list[Any]]]] = {
+        # table -> (rows, frame) queued by add_frame
+        self.frames: dict[str, collections.deque[tuple[int, bytes]]] = {
             name: collections.deque() for name in TABLES
         }
         self._on_failure = on_failure
@@ -120,12 +117,11 @@ class TraceWriter:
         """Run ``hook`` on the writer thread before each flush (watchdog, samplers)."""
         self._tick_hooks.append(hook)
 
-    def add_columns(self, table: str, rows: int, columns: list[Any]) -> None:
-        """Queue ``rows`` rows of ``table`` given as columns, one per column of the table in
-        its order, each in a form a frame holds (dtprof.trace.live: ``live.packed``,
-        ``live.coded``, None for nulls, a list of values)."""
+    def add_frame(self, table: str, rows: int, frame: bytes) -> None:
+        """Queue a frame of ``rows`` rows of ``table`` (dtprof.trace.live: ``live.frame`` of
+        its columns, ``frame_of`` a plan); a frame of no rows is dropped."""
         if rows:
-            self.column_sets[table].append((rows, columns))
+            self.frames[table].append((rows, frame))
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="dtprof-writer", daemon=True)
@@ -167,21 +163,25 @@ class TraceWriter:
                 self._segments.clear()
 
     def _drop_queued(self) -> None:
-        for queued in (*self.buffers.values(), *self.column_sets.values()):
+        for queued in (*self.buffers.values(), *self.frames.values()):
             queued.clear()
 
     def _flush_locked(self, seal: bool) -> None:
         now = time.monotonic()
         for name, buf in self.buffers.items():
-            sets = self.column_sets[name]
-            while sets:  # first: a profile whose kernel failed goes on in Python after it
-                rows, columns = sets.popleft()
-                self._segment(name).append_frame(live.frame(columns), rows)
-                self.batches_written += 1
+            frames, rows = [], 0
+            queued = self.frames[name]
+            while queued:  # first: a profile whose kernel failed goes on in Python after it
+                n, frame = queued.popleft()
+                frames.append(frame)
+                rows += n
             n = len(buf)
             if n:
-                self._segment(name).append([buf.popleft() for _ in range(n)])
-                self.batches_written += 1
+                frames.append(live.rows_frame([buf.popleft() for _ in range(n)], TABLES[name]))
+                rows += n
+            if frames:
+                self._segment(name).append_frames(b"".join(frames), rows)
+                self.batches_written += len(frames)
             seg = self._segments.get(name)
             if seg is not None and (
                 seal or seg.rows >= self.seal_rows or now - seg.opened_s >= self.seal_interval_s

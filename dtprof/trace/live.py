@@ -142,14 +142,77 @@ def coded(codes: np.ndarray, values: list[Any]) -> dict[str, Any]:
     return {"codes": packed(codes, "<i4"), "values": values}
 
 
-def constant(rows: int, value: Any) -> dict[str, Any]:
-    """A column of a frame whose ``rows`` values are all ``value``."""
-    return coded(np.zeros(rows, np.int32), [value])
-
-
 def frame(payload: Any) -> bytes:
     data = _encode(payload)
     return _LENGTH.pack(len(data)) + data
+
+
+# A frame made from rows of 64-bit integers (the native kernel's rings and records) follows a
+# plan: a tuple of MessagePack pieces in order, each bytes (encoded once, here) or (column,
+# width), the rows' column packed at that width (-8: as float64; column -1: zeros). The native
+# kernel's frame_of(rows, plan) makes it in one call (dtprof/record/native/frames.cpp);
+# frame_of() below, the same in numpy, where the kernel is not loaded.
+_WIDTHS = {"<i8": 8, "<i4": 4, "<i2": 2, "<f8": -8}
+_DTYPES = {width: dtype for dtype, width in _WIDTHS.items()}
+_CODES_KEY = b"\x82" + _encode("codes")  # a map of two: "codes", then "values"
+_VALUES_KEY = _encode("values")
+
+
+def from_rows(column: int, dtype: str) -> tuple[Any, ...]:
+    """A plan's column: the rows' ``column`` packed as ``dtype`` ("<i8", "<i4", "<i2", "<f8")."""
+    return ((column, _WIDTHS[dtype]),)
+
+
+def coded_from_rows(column: int, values: list[Any]) -> tuple[Any, ...]:
+    """A plan's column: the rows' ``column`` as codes into ``values`` (``coded()``'s form)."""
+    return (_CODES_KEY, (column, 4), _VALUES_KEY + _encode(values))
+
+
+def constant(value: Any) -> tuple[Any, ...]:
+    """A plan's column whose values are all ``value``."""
+    return (_CODES_KEY, (-1, 4), _VALUES_KEY + _encode([value]))
+
+
+def zeros(dtype: str) -> tuple[Any, ...]:
+    """A plan's column of zeros, packed as ``dtype``."""
+    return ((-1, _WIDTHS[dtype]),)
+
+
+def encoded(column: Any) -> tuple[Any, ...]:
+    """A plan's column given whole, in a form a frame holds (``packed()``, ``coded()``, None
+    for nulls, a list of values): encoded now."""
+    return (_encode(column),)
+
+
+def plan(*columns: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A frame's plan from its columns, in the table's order (from_rows(), coded_from_rows(),
+    constant(), zeros(), encoded()): MessagePack pieces next to each other joined."""
+    n = len(columns)
+    header = bytes([0x90 | n]) if n < 16 else b"\xdc" + n.to_bytes(2, "big")
+    items: list[Any] = [header]
+    for piece in (p for column in columns for p in column):
+        if isinstance(piece, bytes) and isinstance(items[-1], bytes):
+            items[-1] += piece
+        else:
+            items.append(piece)
+    return tuple(items)
+
+
+def frame_of(rows: np.ndarray, plan: tuple[Any, ...]) -> bytes:
+    """The frame of ``rows`` (int64, shape (n, width)) that ``plan`` makes: what the native
+    kernel's frame_of makes, in numpy."""
+    parts = []
+    for item in plan:
+        if isinstance(item, bytes):
+            parts.append(item)
+            continue
+        column, width = item
+        dtype = _DTYPES[width]
+        values = np.zeros(len(rows), dtype) if column < 0 else rows[:, column].astype(dtype)
+        data = values.tobytes()
+        parts.append(b"\xc6" + len(data).to_bytes(4, "big") + data)
+    payload = b"".join(parts)
+    return _LENGTH.pack(len(payload)) + payload
 
 
 def write_all(fd: int, data: bytes) -> None:

@@ -159,7 +159,7 @@ def test_a_kernel_that_raises_is_switched_off_and_training_goes_on(
         raise RuntimeError("planted")
 
     if kernel == "native":  # its records fail to become rows
-        monkeypatch.setattr(NativeBuckets, "_columns", broken)
+        monkeypatch.setattr(NativeBuckets, "_frame", broken)
     else:
         monkeypatch.setattr(comms.CommRecorder, "launched", broken)
     model, opt = _model()
@@ -275,10 +275,10 @@ class _FakeRecorder:
     def hook_failed(self, name: str, exc: BaseException) -> None:
         self.failed.append(f"{name}: {exc}")
 
-    def add_columns(self, table: str, rows: int, columns: list[Any]) -> None:
+    def add_frame(self, table: str, rows: int, frame: bytes) -> None:
         assert table == "collectives"
         with open(self.segment, "ab") as f:
-            f.write(live.frame(columns))
+            f.write(frame)
 
     def rows(self) -> list[tuple[Any, ...]]:
         table, _ = live.read(self.segment, COLLECTIVES)
@@ -301,7 +301,12 @@ def test_native_records_become_rows_in_flight_first_and_labelled_by_their_bucket
     native = type(
         "N",
         (),
-        {"ops": ops, "take_buckets": ops.take, "dtype_name": staticmethod(lambda c: "float32")},
+        {
+            "ops": ops,
+            "take_buckets": ops.take,
+            "dtype_name": staticmethod(lambda c: "float32"),
+            "frame_of": staticmethod(live.frame_of),
+        },
     )()
     watch = NativeBuckets(recorder, native)  # type: ignore[arg-type]
     watch.names[0] = "0"
@@ -346,7 +351,8 @@ def test_build_native_fails_in_one_line_naming_the_source(tmp_path: Path) -> Non
     assert len(errors) == 1, done.stderr
     assert "buckets.cpp + " in errors[0]
     assert "phases.cpp + " in errors[0] and "scalars.cpp + " in errors[0]
-    assert "regions.cpp: building the native kernel failed" in errors[0]
+    assert "regions.cpp + " in errors[0]
+    assert "frames.cpp: building the native kernel failed" in errors[0]
     assert "Traceback" not in done.stderr
     assert "profiler-trace reader built at install" in done.stdout  # the install built it
 
@@ -385,7 +391,12 @@ def test_native_buckets_timed_on_the_gpu_become_gpu_spans_rows(tmp_path: Path) -
     native = type(
         "N",
         (),
-        {"ops": ops, "take_buckets": ops.take, "dtype_name": staticmethod(lambda c: "float32")},
+        {
+            "ops": ops,
+            "take_buckets": ops.take,
+            "dtype_name": staticmethod(lambda c: "float32"),
+            "frame_of": staticmethod(live.frame_of),
+        },
     )()
     watch = NativeBuckets(recorder, native)  # type: ignore[arg-type]
     watch.names[0] = "0"

@@ -4,8 +4,10 @@ files named."""
 from __future__ import annotations
 
 import math
+import os
 import struct
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -213,3 +215,82 @@ def test_a_bad_coded_column_is_named_in_one_line(
     path = _segment(tmp_path, data)
     with pytest.raises(DtprofError, match=f"^{path}: .*{message}"):
         live.read(path, SCALARS)
+
+
+def _frame_makers() -> list[Any]:
+    """live.frame_of, and the native kernel's where it is built (its absence fails in CI)."""
+    from dtprof.record import native
+
+    makers: list[Any] = [live.frame_of]
+    kernel, why_not = native.load()
+    if kernel is not None:
+        makers.append(kernel.frame_of)
+    elif os.environ.get("CI"):
+        pytest.fail(f"the native kernel is needed in CI: {why_not}")
+    return makers
+
+
+def test_a_plan_makes_a_frame_of_int64_rows_in_numpy_and_natively_alike(tmp_path: Path) -> None:
+    """Each form of a plan's column: packed at every width, codes into values, a constant,
+    zeros, a column given whole; no rows too."""
+    plan = live.plan(
+        live.from_rows(2, "<i8"),  # step
+        live.coded_from_rows(0, ["0", None, "2"]),  # group
+        live.from_rows(1, "<i8"),  # seq
+        live.constant("all_reduce"),  # op
+        live.from_rows(1, "<i8"),  # bytes
+        live.coded_from_rows(0, ["int8", "bfloat16", None]),  # dtype
+        live.encoded(None),  # peer
+        live.from_rows(3, "<i8"),  # start_ns
+        live.from_rows(3, "<i8"),  # end_ns
+        live.constant(True),  # async_op
+        live.encoded(live.coded(np.array([1, 0, 1], np.int32), ["a", "b"])),  # label
+    )
+    rows = np.array([[0, 2**40 + 5, 7, -3], [1, 6, 7, 2**62], [2, -7, 8, 0]], np.int64)
+    frames = [make(rows, plan) for make in _frame_makers()]
+    assert all(frame == frames[0] for frame in frames)
+    data = live.header(COLLECTIVES) + frames[0]
+    read, offset = live.read(_segment(tmp_path, data), COLLECTIVES)
+    assert offset == len(data)
+    assert [tuple(r.values()) for r in read.to_pylist()] == [
+        (7, "0", 2**40 + 5, "all_reduce", 2**40 + 5, "int8", None, -3, -3, True, "b"),
+        (7, None, 6, "all_reduce", 6, "bfloat16", None, 2**62, 2**62, True, "a"),
+        (8, "2", -7, "all_reduce", -7, None, None, 0, 0, True, "b"),
+    ]
+    # narrowed as C casts; an integer as a float
+    widths = live.plan(
+        live.from_rows(0, "<i2"),
+        live.from_rows(0, "<f8"),
+        live.zeros("<i2"),
+        live.from_rows(0, "<i4"),
+    )
+    small = np.array([[70000], [-1]], np.int64)
+    made = [msgspec.msgpack.decode(make(small, widths)[4:]) for make in _frame_makers()]
+    for columns in made:
+        assert np.frombuffer(columns[0], "<i2").tolist() == [70000 - 2**16, -1]
+        assert np.frombuffer(columns[1], "<f8").tolist() == [70000.0, -1.0]
+        assert columns[2] == b"\0" * 4
+        assert np.frombuffer(columns[3], "<i4").tolist() == [70000, -1]
+    steps = live.plan(*(live.from_rows(i, "<i8") for i in range(3)))
+    for make in _frame_makers():  # no rows: a frame of empty columns
+        assert msgspec.msgpack.decode(make(rows[:0, :3], steps)[4:]) == [b"", b"", b""]
+
+
+@pytest.mark.parametrize(
+    ("rows", "plan", "message"),
+    [
+        (np.zeros((2, 3), np.int64), ((3, 8),), "no column 3"),
+        (np.zeros((2, 3), np.int64), ((0, 3),), "no column 0 of width 3"),
+        (np.zeros((2, 3), np.int64), ([0, 8],), "bytes or \\(column, width\\)"),
+        (np.zeros((2, 3), np.int32), ((0, 8),), "2-D buffer of int64"),
+        (np.zeros(3, np.int64), ((0, 8),), "2-D buffer of int64"),
+    ],
+)
+def test_the_native_frame_maker_refuses_what_is_not_rows_and_a_plan(
+    rows: np.ndarray, plan: tuple[Any, ...], message: str
+) -> None:
+    makers = _frame_makers()[1:]
+    if not makers:
+        pytest.skip("the native kernel is not built")
+    with pytest.raises((TypeError, ValueError), match=message):
+        makers[0](rows, plan)

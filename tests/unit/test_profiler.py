@@ -722,7 +722,7 @@ def test_a_full_disk_stops_recording_with_one_warning_and_training_goes_on(
             def disk_full(self: object, frame: bytes, rows: int) -> None:
                 raise OSError(28, "No space left on device")
 
-            monkeypatch.setattr("dtprof.record.writer._Segment.append_frame", disk_full)
+            monkeypatch.setattr("dtprof.record.writer._Segment.append_frames", disk_full)
             _train(prof, model, opt, steps=3)
             prof.writer.flush()
             _train(prof, model, opt, steps=3)  # hooks are off now: nothing more is queued

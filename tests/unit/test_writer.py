@@ -117,7 +117,7 @@ def test_a_write_failure_stops_recording_once_without_raising(
     def disk_full(self: object, frame: bytes, rows: int) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("dtprof.record.writer._Segment.append_frame", disk_full)
+    monkeypatch.setattr("dtprof.record.writer._Segment.append_frames", disk_full)
     _steps(w, 2, 2)
     w.flush()
     with pytest.raises(OSError):
@@ -135,7 +135,7 @@ def test_without_a_failure_callback_a_failure_is_one_warning(
 ) -> None:
     w = TraceWriter(tmp_path)
     monkeypatch.setattr(
-        "dtprof.record.writer._Segment.append_frame",
+        "dtprof.record.writer._Segment.append_frames",
         lambda self, frame, rows: (_ for _ in ()).throw(OSError("disk gone")),
     )
     _steps(w, 0, 1)
@@ -149,18 +149,27 @@ def test_without_a_failure_callback_a_failure_is_one_warning(
     ]
 
 
-def test_columns_added_as_they_are_are_written_before_the_rows_and_sealed_alike(
-    tmp_path: Path,
+def test_frames_added_as_they_are_are_written_before_the_rows_in_one_write_and_sealed_alike(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """What arrives as columns (the native kernel's rings) is one frame per set, ahead of the
-    rows queued beside it; the seal makes of both one Parquet of the table's types."""
+    """What arrives as a frame (the native kernel's rows) goes ahead of the rows queued beside
+    it, all of a table's in one write; the seal makes of both one Parquet of the table's
+    types."""
     w = TraceWriter(tmp_path)
     _steps(w, 2, 2)
     steps = np.array([0, 1])
-    w.add_columns("steps", 2, [live.packed(c, "<i8") for c in (steps, steps * 10, steps * 10 + 5)])
-    w.add_columns("steps", 0, [])  # nothing: no frame
+    w.add_frame(
+        "steps", 2, live.frame([live.packed(c, "<i8") for c in (steps, steps * 10, steps * 10 + 5)])
+    )
+    w.add_frame("steps", 0, b"")  # nothing: no frame
+    writes: list[int] = []
+    real_write = live.write_all
+    monkeypatch.setattr(
+        live, "write_all", lambda fd, data: writes.append(len(data)) or real_write(fd, data)
+    )
     w.flush()
-    assert w.batches_written == 2 and not w.column_sets["steps"]
+    assert w.batches_written == 2 and not w.frames["steps"]
+    assert len(writes) == 2  # the segment's header, then both frames at once
     assert read_table(tmp_path, STEPS).column("step").to_pylist() == [0, 1, 2, 3]
     w.close()
     (part,) = (tmp_path / "steps").iterdir()

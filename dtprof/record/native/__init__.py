@@ -5,7 +5,8 @@ path (see there); ``phases.cpp`` times the phases as :mod:`dtprof.record.phases`
 Python on the step's path in the common case (see there); where the kernel is loaded for a
 model, ``regions.cpp`` is ``prof.region()``'s native form (``profiler_region``) and
 ``scalars.cpp`` ``prof.log()``'s (``profiler_log``), which reads a logged CPU tensor's value
-without torch's dispatcher (``read_scalar``, which Profiler.log uses too). It is compiled
+without torch's dispatcher (``read_scalar``, which Profiler.log uses too); ``frames.cpp`` makes
+the writer's frames of the kernel's rows (``frame_of``, dtprof.trace.live's plans). It is compiled
 against the torch in use, as torch extensions are, so it is built on the machine, once per
 torch build, into dtprof's cache (a C++ compiler and ninja needed, about 10-30 s): by the first
 ``profile()`` of a model that needs it, which says so once on stderr (the first process of a
@@ -33,7 +34,7 @@ from dtprof.errors import DtprofError
 
 SOURCES = tuple(
     Path(__file__).with_name(name)
-    for name in ("buckets.cpp", "phases.cpp", "scalars.cpp", "regions.cpp")
+    for name in ("buckets.cpp", "phases.cpp", "scalars.cpp", "regions.cpp", "frames.cpp")
 )
 HEADERS = tuple(Path(__file__).with_name(name) for name in ("attrs.h", "clock.h", "failure.h"))
 NAME = "dtprof_native"
@@ -210,6 +211,9 @@ class Native:
         self.lib.dtprof_scalar_reader.restype = ctypes.py_object
         # read_scalar(tensor): tensor.item(), read from memory where it is a plain CPU scalar
         self.read_scalar = self.lib.dtprof_scalar_reader()
+        self.lib.dtprof_frame_maker.restype = ctypes.py_object
+        # frame_of(rows, plan): a live segment's frame of int64 rows (live.frame_of, natively)
+        self.frame_of = self.lib.dtprof_frame_maker()
         self.lib.dtprof_profiler_logger.restype = ctypes.py_object
         self.lib.dtprof_profiler_logger.argtypes = [ctypes.py_object]
         self.lib.dtprof_profiler_regioner.restype = ctypes.py_object

@@ -48,7 +48,7 @@ def main() -> None:
                     def full(self: object, frame: bytes, rows: int) -> None:
                         raise OSError(errno.ENOSPC, "No space left on device")
 
-                    writer._Segment.append_frame = full  # type: ignore[method-assign]
+                    writer._Segment.append_frames = full  # type: ignore[method-assign]
                 else:
 
                     def broken(*args: object, **kwargs: object) -> object:
