@@ -7,15 +7,19 @@ entry per column in the header's order, in one of four forms:
 - a MessagePack binary: the column's values packed little-endian at its type's width (int64,
   int32, int16, float64 columns without nulls: most of a trace's numbers);
 - nil: every value of the column is null;
-- a list of values (strings, bools, columns with some nulls, and whatever does not pack);
+- a list of values (bools, numbers with some nulls, and whatever does not pack);
 - a map ``{"codes": binary, "values": list}``: the column's values coded, value i being
   ``values[codes[i]]``, the codes packed as little-endian int32. The columns the native
-  kernel's rings fill are written so (a phase's name, a constant kind), straight from the
-  ring's numbers: no Python object per value at the flush or when the segment is read.
+  kernel's rows fill are written so (a phase's name, a constant kind), straight from its
+  numbers: no Python object per value at the flush or when the segment is read; and the
+  string columns of rows, coded by their distinct values, so that a column whose frames come
+  from both reads back in one form (the reader converts a column run of frames by run of
+  frames of one form: frames of the kernel's and of rows in turn, as the scalars table's
+  steps' samples and logged losses are, read three times slower as a list and a map each).
 
-The writer puts a frame in the file with one write, so a reader sees whole frames and, after a
-kill in the middle of a write, a torn last one, which it leaves (and, on a file still growing,
-reads whole at its next look).
+The writer puts a table's frames in the file with one write, so a reader sees whole frames and,
+after a kill in the middle of a write, a torn last one, which it leaves (and, on a file still
+growing, reads whole at its next look).
 
 Columns, not rows, and MessagePack, not Arrow: at every flush the writer transposes a few dozen
 tuples and encodes them in microseconds, where an Arrow record batch and its IPC write took
@@ -72,20 +76,25 @@ _PACKED = {
     pa.float64(): ("d", "<f8"),
 }
 _BIG_ENDIAN = sys.byteorder == "big"
-_codes: dict[str, tuple[str | None, ...]] = {}  # table name -> each column's packing code
+CODED = "coded"  # a string column's form in a frame of rows: codes into its distinct values
+_forms: dict[str, tuple[str | None, ...]] = {}  # table name -> each column's form in rows_frame
 
 
-def _packing(table: Table) -> tuple[str | None, ...]:
-    codes = _codes.get(table.name)
-    if codes is None:
-        found = (_PACKED.get(c.type, (None, None)) for c in table.columns)
+def _row_forms(table: Table) -> tuple[str | None, ...]:
+    """How rows_frame writes each column of ``table``: the array module's code that packs it,
+    CODED (strings), or None (a list)."""
+    forms = _forms.get(table.name)
+    if forms is None:
+        found = [(c.type, *_PACKED.get(c.type, (None, None))) for c in table.columns]
         # a code whose C type is not the column's width on this platform is not used
-        codes = tuple(
-            code if code and array(code).itemsize == np.dtype(dtype).itemsize else None
-            for code, dtype in found
+        forms = tuple(
+            code
+            if code and array(code).itemsize == np.dtype(dtype).itemsize
+            else (CODED if pa.types.is_string(kind) else None)
+            for kind, code, dtype in found
         )
-        _codes[table.name] = codes
-    return codes
+        _forms[table.name] = forms
+    return forms
 
 
 def segment_name(number: int) -> str:
@@ -111,15 +120,26 @@ def header(table: Table) -> bytes:
 def rows_frame(rows: list[tuple[Any, ...]], table: Table) -> bytes:
     """One flush's rows of ``table`` (tuples in column order) as a frame of columns."""
     columns = zip(*rows, strict=True)
-    return frame([_column(c, code) for c, code in zip(columns, _packing(table), strict=True)])
+    return frame([_column(c, form) for c, form in zip(columns, _row_forms(table), strict=True)])
 
 
-def _column(values: tuple[Any, ...], code: str | None) -> Any:
-    """A column of a frame: packed where its type and values allow, nil where all are null,
-    else its values (a MessagePack array)."""
-    if code is not None:
+def _column(values: tuple[Any, ...], form: str | None) -> Any:
+    """A column of a frame: packed where its type and values allow, strings coded (the
+    native kernel's frames write theirs so, and a column read back whole in one form is
+    converted at once, where a mix of forms is converted run by run), nil where all are
+    null, else its values (a MessagePack array)."""
+    if form == CODED:
+        distinct: dict[Any, int] = {}
         try:
-            packed = array(code, values)
+            codes = array("i", [distinct.setdefault(value, len(distinct)) for value in values])
+        except TypeError:  # a value that is no string (unhashable): listed, the reader says so
+            return values
+        if _BIG_ENDIAN:
+            codes.byteswap()
+        return {"codes": memoryview(codes), "values": list(distinct)}
+    if form is not None:
+        try:
+            packed = array(form, values)
         except (TypeError, OverflowError):  # a null, a value of another type, out of range
             pass
         else:

@@ -97,17 +97,21 @@ def test_a_bad_segment_is_named_in_one_line(tmp_path: Path, data: bytes, message
 
 
 def test_a_frame_is_one_length_and_messagepack_with_numbers_packed(tmp_path: Path) -> None:
-    """Numbers without nulls are packed little-endian at their column's width, a column of
-    nulls is nil, anything else a list."""
+    """Numbers without nulls are packed little-endian at their column's width, strings coded
+    by their distinct values (nulls too), a column of nulls of another type is nil, anything
+    else a list."""
     frame = live.rows_frame(ROWS[:2], COLLECTIVES)
     assert int.from_bytes(frame[:4], "little") == len(frame) - 4
     step, group, seq, _, _, _, peer, start, _, async_op, label = msgspec.msgpack.decode(frame[4:])
     assert step == struct.pack("<2q", 0, 0) and seq == struct.pack("<2q", 1, 2)
     assert start == struct.pack("<2q", 10, 30)
-    assert group == ["0", "0"] and async_op == [True, False] and label == ["ddp.bucket0", None]
+    assert group == {"codes": struct.pack("<2i", 0, 0), "values": ["0"]}
+    assert label == {"codes": struct.pack("<2i", 0, 1), "values": ["ddp.bucket0", None]}
+    assert async_op == [True, False]
     assert peer == [None, 3]  # a null among numbers: a list
-    nulls = live.rows_frame([(*r[:6], None, *r[7:]) for r in ROWS], COLLECTIVES)
-    assert msgspec.msgpack.decode(nulls[4:])[6] is None
+    nulls = live.rows_frame([(*r[:6], None, *r[7:-1], None) for r in ROWS], COLLECTIVES)
+    columns = msgspec.msgpack.decode(nulls[4:])
+    assert columns[6] is None and columns[10] == {"codes": bytes(12), "values": [None]}
 
 
 def test_a_column_in_different_forms_from_frame_to_frame_reads_as_one(tmp_path: Path) -> None:
