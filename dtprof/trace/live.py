@@ -134,9 +134,7 @@ def _column(values: tuple[Any, ...], form: str | None) -> Any:
             codes = array("i", [distinct.setdefault(value, len(distinct)) for value in values])
         except TypeError:  # a value that is no string (unhashable): listed, the reader says so
             return values
-        if _BIG_ENDIAN:
-            codes.byteswap()
-        return {"codes": memoryview(codes), "values": list(distinct)}
+        return coded(codes, list(distinct))
     if form is not None:
         try:
             packed = array(form, values)
@@ -151,13 +149,13 @@ def _column(values: tuple[Any, ...], form: str | None) -> Any:
     return values
 
 
-def packed(values: np.ndarray, dtype: str) -> memoryview:
-    """A column of a frame from a numpy array: its values packed as ``dtype`` (a little-endian
-    numpy dtype of a packed column's width, e.g. "<i8")."""
+def packed(values: np.ndarray | array[int], dtype: str) -> memoryview:
+    """A column of a frame from an array (numpy's or the array module's): its values packed
+    as ``dtype`` (a little-endian numpy dtype of a packed column's width, e.g. "<i8")."""
     return memoryview(np.ascontiguousarray(values, dtype=dtype).data)
 
 
-def coded(codes: np.ndarray, values: list[Any]) -> dict[str, Any]:
+def coded(codes: np.ndarray | array[int], values: list[Any]) -> dict[str, Any]:
     """A column of a frame given as ``codes`` into ``values`` (value i is values[codes[i]])."""
     return {"codes": packed(codes, "<i4"), "values": values}
 

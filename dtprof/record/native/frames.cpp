@@ -26,14 +26,28 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "frames are little-endi
 
 namespace {
 
-struct Packed {
+// one item of a plan: bytes to copy (literal), or the rows' column packed at width
+struct Item {
+  PyObject* literal;  // borrowed from the plan; nullptr: a packed column
   int64_t column;
   int width;  // 8, 4, 2; -8: float64
 };
 
+// the bytes of a packed column's n values
+int64_t packed_bytes(const Item& item, int64_t n) {
+  return n * (item.width < 0 ? -item.width : item.width);
+}
+
+// the bytes an item puts in the frame of n rows
+int64_t size_of(const Item& item, int64_t n) {
+  if (item.literal != nullptr) {
+    return PyBytes_GET_SIZE(item.literal);
+  }
+  return 5 + packed_bytes(item, n);  // bin 32: its marker, its length, the values
+}
+
 // the plan's items, checked: false (a Python error set) on an item of another form
-bool read_plan(PyObject* plan, int64_t row_width, std::vector<PyObject*>* literals,
-               std::vector<Packed>* packed) {
+bool read_plan(PyObject* plan, int64_t row_width, std::vector<Item>* items) {
   if (!PyTuple_Check(plan)) {
     PyErr_SetString(PyExc_TypeError, "frame_of: the plan is a tuple");
     return false;
@@ -41,8 +55,7 @@ bool read_plan(PyObject* plan, int64_t row_width, std::vector<PyObject*>* litera
   for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(plan); ++i) {
     PyObject* item = PyTuple_GET_ITEM(plan, i);
     if (PyBytes_Check(item)) {
-      literals->push_back(item);
-      packed->push_back({0, 0});
+      items->push_back({item, 0, 0});
       continue;
     }
     long long column = 0;
@@ -57,8 +70,7 @@ bool read_plan(PyObject* plan, int64_t row_width, std::vector<PyObject*>* litera
                    column, width, static_cast<long long>(row_width));
       return false;
     }
-    literals->push_back(nullptr);
-    packed->push_back({column, width});
+    items->push_back({nullptr, column, width});
   }
   return true;
 }
@@ -72,8 +84,8 @@ char* put_be32(char* out, uint32_t value) {
 }
 
 // one column as a MessagePack bin 32: its marker, its length, then its values
-char* put_column(char* out, const int64_t* rows, int64_t n, int64_t row_width, Packed how) {
-  const int64_t bytes = n * (how.width < 0 ? -how.width : how.width);
+char* put_column(char* out, const int64_t* rows, int64_t n, int64_t row_width, const Item& how) {
+  const int64_t bytes = packed_bytes(how, n);
   *out++ = static_cast<char>(0xc6);
   out = put_be32(out, static_cast<uint32_t>(bytes));
   if (how.column < 0) {
@@ -126,14 +138,11 @@ PyObject* frame_of(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) 
   const int64_t n = view.shape[0];
   const int64_t row_width = view.shape[1];
   const auto* rows = static_cast<const int64_t*>(view.buf);
-  std::vector<PyObject*> literals;
-  std::vector<Packed> packed;
-  if (read_plan(args[1], row_width, &literals, &packed)) {
+  std::vector<Item> items;
+  if (read_plan(args[1], row_width, &items)) {
     int64_t size = 0;
-    for (size_t i = 0; i < packed.size(); ++i) {
-      const int width = packed[i].width;
-      size += literals[i] != nullptr ? PyBytes_GET_SIZE(literals[i])
-                                     : 5 + n * (width < 0 ? -width : width);
+    for (const Item& item : items) {
+      size += size_of(item, n);
     }
     if (size > UINT32_MAX) {
       PyErr_SetString(PyExc_OverflowError, "frame_of: a frame of 4 GiB or more");
@@ -145,13 +154,13 @@ PyObject* frame_of(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) 
       const auto length = static_cast<uint32_t>(size);
       std::memcpy(at, &length, 4);  // the frame's length, little-endian
       at += 4;
-      for (size_t i = 0; i < packed.size(); ++i) {
-        if (literals[i] != nullptr) {
-          const Py_ssize_t bytes = PyBytes_GET_SIZE(literals[i]);
-          std::memcpy(at, PyBytes_AS_STRING(literals[i]), static_cast<size_t>(bytes));
+      for (const Item& item : items) {
+        if (item.literal != nullptr) {
+          const int64_t bytes = size_of(item, n);
+          std::memcpy(at, PyBytes_AS_STRING(item.literal), static_cast<size_t>(bytes));
           at += bytes;
         } else {
-          at = put_column(at, rows, n, row_width, packed[i]);
+          at = put_column(at, rows, n, row_width, item);
         }
       }
     }
